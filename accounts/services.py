@@ -1,0 +1,65 @@
+"""Accounts: API tokens and the demo accounts of `make run`."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.models import ApiToken
+
+REVIEWERS_GROUP = "reviewers"
+
+
+def token_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def api_token_create(*, user: Any, name: str = "") -> tuple[ApiToken, str]:
+    """Make a token for `user`; return it and its key (shown once, stored only as a hash)."""
+    key = secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(user=user, name=name, key_hash=token_hash(key), prefix=key[:8])
+    return token, key
+
+
+def api_token_authenticate(*, key: str) -> ApiToken | None:
+    """The active token whose key is `key` (its user active too), or None. Marks it used."""
+    token = ApiToken.objects.select_related("user").filter(key_hash=token_hash(key), revoked_at__isnull=True).first()
+    if token is None or not token.user.is_active:
+        return None
+    now = timezone.now()
+    # Write last-used at most once a minute: a busy token must not turn every request into a write.
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token
+
+
+def api_token_revoke(*, token: ApiToken) -> None:
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+
+
+@transaction.atomic
+def user_ensure(*, username: str, password: str | None = None, superuser: bool = False,
+                staff: bool = False, reviewer: bool = False) -> tuple[Any, bool]:
+    """Get or create `username` with the given roles; return (user, created)."""
+    User = get_user_model()
+    user, created = User.objects.get_or_create(username=username)
+    if created:
+        if password:
+            user.set_password(password)
+        else:
+            user.set_unusable_password()
+        user.is_superuser = superuser
+        user.is_staff = staff or superuser
+        user.save()
+    if reviewer:
+        user.groups.add(Group.objects.get(name=REVIEWERS_GROUP))
+    return user, created

@@ -1,0 +1,48 @@
+"""The family of errors a caller can cause. The API's exception handler maps them to HTTP once.
+
+Each carries a stable `code` (documented in the README) and a message that says what was wrong
+and what to do.
+"""
+
+from __future__ import annotations
+
+
+class PlatformError(Exception):
+    """Base of every error a user or a caller can cause."""
+
+    code = "error"
+    http_status = 400
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def as_dict(self) -> dict:
+        body = {"code": self.code, "detail": self.message}
+        if self.field:
+            body["field"] = self.field
+        return body
+
+
+class UnknownKind(PlatformError):
+    code = "unknown_kind"
+
+
+class InvalidInput(PlatformError):
+    code = "invalid_input"
+
+
+class JobNotFound(PlatformError):
+    code = "not_found"
+    http_status = 404
+
+
+class InvalidTransition(PlatformError):
+    code = "invalid_transition"
+    http_status = 409
+
+
+class IdempotencyConflict(PlatformError):
+    code = "idempotency_conflict"
+    http_status = 409

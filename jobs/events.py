@@ -1,0 +1,68 @@
+"""The job's durable, numbered event log.
+
+An event is a row first: its `seq` is taken from `Job.event_seq` in the same statement that
+bumps it, under the job's row lock, inside the caller's transaction, so seqs are 1, 2, 3, …
+with no gap and no duplicate however many processes write. Anything pushed to clients is
+scheduled only after that transaction commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobs.errors import JobNotFound
+from jobs.models import Job, JobEvent
+
+
+class RunLost(BaseException):
+    """The running attempt no longer owns the job (it was cancelled, or handed to another run).
+
+    A BaseException, like `PauseForResolution`, so job code's `except Exception` does not
+    swallow it: the run must stop at once and write nothing more.
+    """
+
+
+def event_record(
+    *, job: Job, type: str, step: str = "", status: str = "", message: dict | None = None
+) -> JobEvent:
+    """Insert the event numbered `job.event_seq`.
+
+    Precondition: the caller is in a transaction and has just bumped `job.event_seq` under the
+    row lock (as `job_transition` and `event_append` do).
+    """
+    event = JobEvent.objects.create(
+        job_id=job.pk, seq=job.event_seq, type=type, step=step, status=status, message=message or {}
+    )
+    return event
+
+
+def event_append(
+    *,
+    job_id: Any,
+    type: str,
+    step: str = "",
+    status: str = "",
+    message: dict | None = None,
+    fields: dict | None = None,
+    run_attempt: int | None = None,
+) -> JobEvent:
+    """Append one event to a job's log, updating `fields` of the job in the same statement.
+
+    With `run_attempt`, the write is fenced to the run that owns the job: when the job is no
+    longer `processing` under that attempt (cancelled, or reclaimed), nothing is written and
+    `RunLost` is raised so the run stops.
+    """
+    with transaction.atomic():
+        rows = Job.objects.filter(pk=job_id)
+        if run_attempt is not None:
+            rows = rows.filter(status=Job.Status.PROCESSING, attempts=run_attempt)
+        job = rows.update_returning(event_seq=F("event_seq") + 1, updated_at=timezone.now(), **(fields or {}))
+        if job is None:
+            if run_attempt is not None:
+                raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}")
+            raise JobNotFound(f"job {job_id} does not exist")
+        return event_record(job=job, type=type, step=step, status=status, message=message)

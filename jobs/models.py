@@ -1,0 +1,162 @@
+"""Jobs, their status machine and their event log.
+
+Only `jobs.services.job_transition` writes `Job.status`; a test greps for other writers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.db.models.sql import UpdateQuery
+
+
+class JobQuerySet(models.QuerySet):
+    def update_returning(self, **fields: Any) -> Job | None:
+        """Run one `UPDATE … WHERE … RETURNING *` and return the updated row, or None.
+
+        This is how a job is claimed and moved in one statement: the WHERE clause carries the
+        legal source statuses, the UPDATE takes the row lock, and the returned row is what was
+        written. Only for filters on the job's own columns (no joins). PostgreSQL and SQLite
+        (3.35+) both support RETURNING.
+        """
+        query = self.query.chain(UpdateQuery)
+        query.add_update_values(fields)
+        sql, params = query.get_compiler(self.db).as_sql()
+        rows = list(self.model.objects.using(self.db).raw(f"{sql} RETURNING *", params))
+        return rows[0] if rows else None
+
+
+class Job(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        PROCESSING = "processing"
+        PAUSED = "paused", "paused (waiting for a person)"
+        WAITING = "waiting", "waiting (parked on an external event or a timer)"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+    # The legal moves, as data. `job_transition` refuses anything else.
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        Status.PENDING: frozenset({Status.PROCESSING, Status.CANCELLED, Status.FAILED}),
+        Status.PROCESSING: frozenset(
+            {
+                Status.COMPLETED,
+                Status.FAILED,
+                Status.PAUSED,
+                Status.WAITING,
+                Status.PENDING,  # a retry after an error, or a run handed back
+                Status.CANCELLED,
+            }
+        ),
+        Status.PAUSED: frozenset({Status.PENDING, Status.CANCELLED, Status.FAILED}),
+        Status.WAITING: frozenset({Status.PENDING, Status.CANCELLED, Status.FAILED}),
+        Status.FAILED: frozenset({Status.PENDING}),  # retried by a person
+        Status.CANCELLED: frozenset({Status.PENDING}),  # retried by a person
+        Status.COMPLETED: frozenset(),
+    }
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=100)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    input = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    # {"code": "...", "message": "..."} of the last failure; kept while a retry runs.
+    error = models.JSONField(null=True, blank=True)
+    progress_fraction = models.FloatField(default=0.0)
+    progress_text = models.CharField(max_length=500, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0, help_text="Runs started so far.")
+    max_attempts = models.PositiveIntegerField(default=3)
+    # {step name: its JSON result} for every finished `ctx.step`.
+    checkpoint = models.JSONField(default=dict, blank=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # The seq of the job's last event: the next event takes event_seq + 1 under the row lock.
+    event_seq = models.PositiveIntegerField(default=0)
+    # When a pending job may next run (a retry's back-off); null means now.
+    run_after = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_unique_idempotency_key_per_owner",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=["pending", "processing", "paused", "waiting", "completed", "failed", "cancelled"]),
+                name="job_status_known",
+            ),
+            models.CheckConstraint(
+                condition=Q(progress_fraction__gte=0) & Q(progress_fraction__lte=1),
+                name="job_progress_fraction_0_1",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["status", "run_after"], name="job_status_run_after"),
+            models.Index(fields=["owner", "-created_at"], name="job_owner_created"),
+            models.Index(fields=["kind", "status"], name="job_kind_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.TERMINAL
+
+    @property
+    def progress(self) -> dict[str, Any]:
+        return {"fraction": self.progress_fraction, "text": self.progress_text}
+
+
+class JobEvent(models.Model):
+    """One numbered entry of a job's durable event log (see the contract's event types)."""
+
+    class Type(models.TextChoices):
+        STATUS = "status"
+        PROGRESS = "progress"
+        STEP = "step"
+        QUESTION = "question"
+        WAIT = "wait"
+        LOG = "log"
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=16, choices=Type.choices)
+    step = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=32, blank=True, default="")
+    message = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="jobevent_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.type} {self.step} {self.status}".strip()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "type": self.type,
+            "step": self.step or None,
+            "status": self.status or None,
+            "message": self.message,
+            "created_at": self.created_at.isoformat(),
+        }

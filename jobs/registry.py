@@ -1,0 +1,101 @@
+"""Job kinds: a name, a handler, a JSON Schema for the input.
+
+    from jobs.registry import job_kind
+
+    @job_kind("billing.invoice", input_schema={...}, description="...")
+    def invoice(ctx, input):
+        ...
+
+Kinds live in a `kinds` module of any installed app; `JobsConfig.ready` imports them all, so
+every process (web, worker, beat) knows the same kinds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from jobs.errors import InvalidInput, UnknownKind
+
+Handler = Callable[..., Any]
+
+ANY_OBJECT = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    handler: Handler
+    input_schema: dict = field(default_factory=lambda: dict(ANY_OBJECT))
+    description: str = ""
+    # None: settings.JOBS_DEFAULT_MAX_ATTEMPTS.
+    max_attempts: int | None = None
+    # May the job's own submitter answer its questions? (reviewers' rules)
+    allow_self_approval: bool = False
+    # A Celery queue of its own (None: the default queue).
+    queue: str | None = None
+
+    def validate_input(self, value: Any) -> None:
+        """Raise InvalidInput naming the first offending field when `value` breaks the schema."""
+        validator = Draft202012Validator(self.input_schema)
+        error = best_match(validator.iter_errors(value))
+        if error is None:
+            return
+        where = ".".join(str(part) for part in error.absolute_path)
+        field_name = f"input.{where}" if where else "input"
+        raise InvalidInput(f"{field_name}: {error.message}", field=field_name)
+
+
+_kinds: dict[str, JobKind] = {}
+
+
+def job_kind(
+    name: str,
+    *,
+    input_schema: dict | None = None,
+    description: str | None = None,
+    max_attempts: int | None = None,
+    allow_self_approval: bool = False,
+    queue: str | None = None,
+) -> Callable[[Handler], Handler]:
+    """Register the decorated function as the handler of job kind `name`.
+
+    The handler is called as `handler(ctx, input)` with a `jobs.runtime.JobContext` and the
+    validated input; what it returns (JSON) becomes the job's result.
+    """
+    schema = input_schema if input_schema is not None else dict(ANY_OBJECT)
+    Draft202012Validator.check_schema(schema)  # a broken schema is the author's bug: fail at import
+
+    def register(handler: Handler) -> Handler:
+        existing = _kinds.get(name)
+        if existing is not None and existing.handler is not handler:
+            raise ValueError(f"job kind {name!r} is registered twice")
+        _kinds[name] = JobKind(
+            name=name,
+            handler=handler,
+            input_schema=schema,
+            description=description if description is not None else (handler.__doc__ or "").strip(),
+            max_attempts=max_attempts,
+            allow_self_approval=allow_self_approval,
+            queue=queue,
+        )
+        return handler
+
+    return register
+
+
+def kind_get(name: str) -> JobKind:
+    """Return the kind registered as `name`, or raise UnknownKind listing the known ones."""
+    try:
+        return _kinds[name]
+    except KeyError:
+        known = ", ".join(sorted(_kinds)) or "none"
+        raise UnknownKind(f"unknown job kind {name!r}; known kinds: {known}", field="kind") from None
+
+
+def kinds_all() -> list[JobKind]:
+    return [_kinds[name] for name in sorted(_kinds)]

@@ -1,0 +1,287 @@
+"""Every write to a job goes through here.
+
+`job_transition` is the only function that changes `Job.status`. The other services are the
+named moves built on it: submit, claim, complete, fail or retry, pause, cancel, retry by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobs.errors import IdempotencyConflict, InvalidTransition, JobNotFound
+from jobs.events import event_record
+from jobs.models import Job, JobEvent
+from jobs.registry import kind_get
+
+logger = logging.getLogger(__name__)
+
+Status = Job.Status
+
+
+def _sources_for(to: str) -> set[str]:
+    return {source for source, targets in Job.TRANSITIONS.items() if to in targets}
+
+
+def job_transition(
+    *,
+    job_id: Any,
+    to: str,
+    from_: Iterable[str] | None = None,
+    fields: dict[str, Any] | None = None,
+    message: dict[str, Any] | None = None,
+    dispatch: bool = False,
+    countdown: float | None = None,
+    only_attempt: int | None = None,
+) -> Job:
+    """Move a job to status `to` and return the updated row.
+
+    In one transaction: a single conditional `UPDATE … RETURNING` locks the row, checks the move
+    against `Job.TRANSITIONS` (narrowed to `from_` when given, and to the run `only_attempt`
+    when given), writes the status with `fields` and the next event seq; then the `status`
+    event is inserted. With `dispatch`, the job's Celery task is sent after the commit (after
+    `countdown` seconds). Raises JobNotFound, or InvalidTransition naming the current status.
+    """
+    sources = _sources_for(to)
+    if from_ is not None:
+        sources &= set(from_)
+    now = timezone.now()
+    values: dict[str, Any] = {"status": to, "event_seq": F("event_seq") + 1, "updated_at": now}
+    if to == Status.PROCESSING:
+        values["started_at"] = now
+    if to in Job.TERMINAL:
+        values["finished_at"] = now
+    elif to == Status.PENDING:
+        values["finished_at"] = None
+    values.update(fields or {})
+
+    with transaction.atomic():
+        rows = Job.objects.filter(pk=job_id, status__in=sources)
+        if only_attempt is not None:
+            rows = rows.filter(attempts=only_attempt)
+        job = rows.update_returning(**values)
+        if job is None:
+            current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+            if current is None:
+                raise JobNotFound(f"job {job_id} does not exist")
+            raise InvalidTransition(f"job {job_id} is {current}; it cannot move to {to}")
+        event_record(job=job, type="status", status=to, message=message)
+        if dispatch:
+            transaction.on_commit(lambda: job_dispatch(job=job, countdown=countdown), robust=True)
+    return job
+
+
+def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
+    """Send the Celery message that runs `job` (call it after the job's row is committed).
+
+    The task shows in Flower under the job's kind (Celery's `shadow` name) with the job id as
+    its argument.
+    """
+    from jobs.tasks import job_run
+
+    options: dict[str, Any] = {"shadow": job.kind}
+    try:
+        queue = kind_get(job.kind).queue
+    except Exception:  # an unknown kind still runs, and fails with a clear error there
+        queue = None
+    if queue:
+        options["queue"] = queue
+    if countdown:
+        options["countdown"] = countdown
+    job_run.apply_async(args=[str(job.pk)], **options)
+
+
+def request_digest(*, kind: str, input: Any) -> str:
+    """A stable digest of a submission, to tell a repeated request from a different one."""
+    canonical = json.dumps({"kind": kind, "input": input}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def job_submit(
+    *,
+    kind: str,
+    input: dict[str, Any] | None = None,
+    owner: Any = None,
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Validate and create a `pending` job, dispatched once the transaction commits.
+
+    Returns `(job, created)`. With an `idempotency_key` (scoped to `owner`), a repeat of the
+    same request returns the existing job with `created=False`, and the same key with another
+    kind or input raises IdempotencyConflict. Raises UnknownKind or InvalidInput (naming the
+    field) for bad requests.
+    """
+    job_kind = kind_get(kind)
+    input = {} if input is None else input
+    job_kind.validate_input(input)
+    owner_id = getattr(owner, "pk", owner)
+    if idempotency_key is not None:
+        existing = _job_for_idempotency_key(owner_id=owner_id, key=idempotency_key, kind=kind, input=input)
+        if existing is not None:
+            return existing, False
+    max_attempts = job_kind.max_attempts or settings.JOBS_DEFAULT_MAX_ATTEMPTS
+    try:
+        with transaction.atomic():
+            job = Job.objects.create(
+                kind=kind,
+                input=input,
+                owner_id=owner_id,
+                idempotency_key=idempotency_key,
+                max_attempts=max_attempts,
+                event_seq=1,
+            )
+            event_record(job=job, type="status", status=Status.PENDING)
+            transaction.on_commit(lambda: job_dispatch(job=job), robust=True)
+    except IntegrityError:
+        # Two identical requests raced; the unique constraint let one through.
+        if idempotency_key is None:
+            raise
+        existing = _job_for_idempotency_key(owner_id=owner_id, key=idempotency_key, kind=kind, input=input)
+        if existing is None:
+            raise
+        return existing, False
+    return job, True
+
+
+def _job_for_idempotency_key(*, owner_id: Any, key: str, kind: str, input: Any) -> Job | None:
+    job = Job.objects.filter(owner_id=owner_id, idempotency_key=key).first()
+    if job is None:
+        return None
+    if request_digest(kind=job.kind, input=job.input) != request_digest(kind=kind, input=input):
+        raise IdempotencyConflict(
+            f"idempotency_key {key!r} was already used for job {job.pk} with a different kind or input; "
+            "use a new key for a new job",
+            field="idempotency_key",
+        )
+    return job
+
+
+def job_claim(*, job_id: Any) -> Job:
+    """Claim a pending job for a run: `pending → processing`, counting the attempt.
+
+    One conditional UPDATE, so of two deliveries of the same message exactly one wins; the
+    other gets InvalidTransition and must do nothing.
+    """
+    return job_transition(
+        job_id=job_id, to=Status.PROCESSING, from_=[Status.PENDING], fields={"attempts": F("attempts") + 1}
+    )
+
+
+def job_complete(*, job: Job, result: Any) -> Job:
+    """End the run `job` (as claimed) successfully with `result`."""
+    return job_transition(
+        job_id=job.pk,
+        to=Status.COMPLETED,
+        from_=[Status.PROCESSING],
+        only_attempt=job.attempts,
+        fields={"result": result, "error": None, "progress_fraction": 1.0},
+    )
+
+
+def retry_delay(attempt: int) -> float:
+    """Exponential back-off with jitter: half fixed, half random, capped."""
+    ceiling = min(settings.JOBS_RETRY_BACKOFF_MAX, settings.JOBS_RETRY_BACKOFF_BASE * 2 ** max(attempt - 1, 0))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+def job_fail(*, job: Job, code: str, message: str, retry: bool = True) -> Job:
+    """End the run `job` with an error: back to `pending` after a back-off while attempts
+    remain (and `retry`), else `failed`. The error is recorded either way."""
+    error = {"code": code, "message": message[:2000]}
+    if retry and job.attempts < job.max_attempts:
+        delay = retry_delay(job.attempts)
+        return job_transition(
+            job_id=job.pk,
+            to=Status.PENDING,
+            from_=[Status.PROCESSING],
+            only_attempt=job.attempts,
+            fields={"error": error, "run_after": timezone.now() + timedelta(seconds=delay)},
+            message={"error": error, "retry_in": round(delay, 3), "attempt": job.attempts},
+            dispatch=True,
+            countdown=delay,
+        )
+    return job_transition(
+        job_id=job.pk,
+        to=Status.FAILED,
+        from_=[Status.PROCESSING],
+        only_attempt=job.attempts,
+        fields={"error": error},
+        message={"error": error},
+    )
+
+
+def job_pause(*, job: Job, question: dict[str, Any]) -> Job:
+    """Park the run `job` on a question for a person: open the question (unless it is already
+    open) and move `processing → paused`, in one transaction. The worker slot is freed."""
+    from approvals.services import question_open
+
+    with transaction.atomic():
+        question_open(job=job, **question)
+        return job_transition(
+            job_id=job.pk,
+            to=Status.PAUSED,
+            from_=[Status.PROCESSING],
+            only_attempt=job.attempts,
+            message={"question": question["key"]},
+        )
+
+
+def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None) -> Job:
+    """Make a paused or waiting job runnable again (`→ pending`) and dispatch it."""
+    return job_transition(
+        job_id=job_id,
+        to=Status.PENDING,
+        from_=[Status.PAUSED, Status.WAITING],
+        fields={"run_after": None},
+        message=reason,
+        dispatch=True,
+    )
+
+
+def job_cancel(*, job_id: Any, actor: Any = None) -> Job:
+    """Cancel a job that has not finished, closing its open questions.
+
+    A running job stops at its next `ctx` call (its writes are fenced to the run that owns
+    it), so a cancelled job never turns `completed` afterwards.
+    """
+    from approvals.services import questions_cancel_for_job
+
+    with transaction.atomic():
+        job = job_transition(
+            job_id=job_id,
+            to=Status.CANCELLED,
+            from_=[Status.PENDING, Status.PROCESSING, Status.PAUSED, Status.WAITING],
+            message={"by": getattr(actor, "username", None)},
+        )
+        questions_cancel_for_job(job=job, actor=actor)
+    return job
+
+
+def job_retry(*, job_id: Any, actor: Any = None) -> Job:
+    """Run a failed or cancelled job again, with a fresh budget of attempts.
+
+    Finished steps stay checkpointed and answered questions stay answered, so the new run
+    picks up where the last one stopped.
+    """
+    return job_transition(
+        job_id=job_id,
+        to=Status.PENDING,
+        from_=[Status.FAILED, Status.CANCELLED],
+        fields={"attempts": 0, "error": None, "result": None, "run_after": None},
+        message={"by": getattr(actor, "username", None), "retry": True},
+        dispatch=True,
+    )
+
+
+def job_events_after(*, job_id: Any, after: int = 0, limit: int = 1000) -> list[JobEvent]:
+    return list(JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit])

@@ -1,0 +1,232 @@
+"""Settings shared by every process (web, worker, beat, Flower, management commands).
+
+Everything comes from the environment (django-environ); `.env.example` lists each variable.
+Without `DATABASE_URL` the platform uses a SQLite file under `var/`; without `REDIS_URL` it
+uses the embedded Redis server that `make run` and `make test` start (see
+`taskplatform.embedded_redis`). The test and production modules only override.
+"""
+
+from pathlib import Path
+
+import environ
+
+from taskplatform.redis_urls import redis_url_for_celery
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+env = environ.Env()
+# A `.env` file is optional; real environment variables win over it.
+if (BASE_DIR / ".env").exists():
+    environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+SECRET_KEY = env.str(
+    "DJANGO_SECRET_KEY", default="insecure-development-key-change-me-in-production-0123456789"
+)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+HOST = env.str("HOST", default="127.0.0.1")
+PORT = env.int("PORT", default=8000)
+FLOWER_PORT = env.int("FLOWER_PORT", default=5555)
+# The URL this platform is reachable at from the outside, used in links it sends (wake callbacks,
+# e-mails). Defaults to the local server.
+PUBLIC_URL = env.str("PUBLIC_URL", default=f"http://{HOST}:{PORT}").rstrip("/")
+
+INSTALLED_APPS = [
+    "daphne",  # `runserver` serves ASGI (HTTP and websockets) in development
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "accounts",
+    "jobs",
+    "approvals",
+    "demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    # Serves the admin's static files under the ASGI server without a separate web server.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "taskplatform.urls"
+ASGI_APPLICATION = "taskplatform.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database ---------------------------------------------------------------------------------
+SQLITE_PATH = VAR_DIR / "db.sqlite3"
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{SQLITE_PATH}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A worker and the web server write at once: WAL lets readers run beside the writer,
+    # IMMEDIATE takes the write lock at BEGIN (so a transaction never fails half-way with
+    # "database is locked" when it upgrades from read to write) and the timeout queues writers.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # Tests with a real worker process need a file both processes can open, not :memory:.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+else:
+    # Keep connections open between requests and tasks; check them before reuse so a
+    # restarted PostgreSQL costs one failed check, not a failed request.
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis ------------------------------------------------------------------------------------
+EMBEDDED_REDIS_SOCKET = VAR_DIR / "redis" / "redis.sock"
+REDIS_URL = env.str("REDIS_URL", default=f"unix://{EMBEDDED_REDIS_SOCKET}")
+# Prepended to every Redis key the platform writes (Celery queues and channel groups), so
+# several deployments or test runs can share one Redis server without seeing each other.
+REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="")
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").exists() else []
+# Whitenoise finds files through the finders when collectstatic has not run (development).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LOGIN_URL = "/admin/login/"
+
+# --- Jobs -------------------------------------------------------------------------------------
+# Default number of runs a job gets before it fails for good (a kind may set its own).
+JOBS_DEFAULT_MAX_ATTEMPTS = env.int("JOBS_DEFAULT_MAX_ATTEMPTS", default=3)
+# Retry back-off: base * 2**(attempt-1) seconds, capped, with full jitter.
+JOBS_RETRY_BACKOFF_BASE = env.float("JOBS_RETRY_BACKOFF_BASE", default=2.0)
+JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=300.0)
+# Hard ceiling on one run of a job; a kind may ask for less.
+JOBS_TIME_LIMIT = env.int("JOBS_TIME_LIMIT", default=3600)
+
+# --- Celery -----------------------------------------------------------------------------------
+# Read by taskplatform/celery.py with namespace="CELERY".
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html
+CELERY_BROKER_URL = redis_url_for_celery(REDIS_URL)
+# Jobs keep their results and errors in the database, which is the source of truth; a result
+# backend would be a second copy that nothing reads.
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+# JSON only: a pickled message from a compromised broker would run code in the worker.
+# https://docs.celeryq.dev/en/stable/userguide/security.html#serializers
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+# Acknowledge after the task ran, so a worker that dies mid-task leaves the message to be
+# delivered again instead of losing it; the job's atomic claim makes a second delivery harmless.
+# https://docs.celeryq.dev/en/stable/userguide/tasks.html#Task.acks_late
+CELERY_TASK_ACKS_LATE = True
+# ...and also when the worker process is killed (SIGKILL, OOM): re-queue rather than drop.
+# The job row counts attempts, so a job that always kills its worker cannot loop forever.
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html#task-reject-on-worker-lost
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# One message reserved per worker process: long jobs must not sit unstarted behind another
+# job in a busy process while an idle worker elsewhere could run them.
+# https://docs.celeryq.dev/en/stable/userguide/optimizing.html#prefetch-limits
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Task events for Flower's live views.
+# https://docs.celeryq.dev/en/stable/userguide/monitoring.html#events
+CELERY_WORKER_SEND_TASK_EVENTS = True
+CELERY_TASK_SEND_SENT_EVENT = True
+# Time limits: the soft limit raises inside the job (which records a `timeout` error), the
+# hard limit kills the process if the job ignores it.
+CELERY_TASK_SOFT_TIME_LIMIT = JOBS_TIME_LIMIT
+CELERY_TASK_TIME_LIMIT = JOBS_TIME_LIMIT + 60
+# Redis re-delivers an unacknowledged message after the visibility timeout. With late acks a
+# job still running at that point would be delivered a second time, so the timeout must be
+# above the longest time limit. Long waits are due times in the database, never ETA messages.
+# https://docs.celeryq.dev/en/stable/getting-started/backends-and-brokers/redis.html#visibility-timeout
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": CELERY_TASK_TIME_LIMIT + 600,
+    "global_keyprefix": REDIS_KEY_PREFIX,
+}
+# Keep retrying the broker on start-up (Celery 6 changes the default).
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=None)
+# Long-lived prefork children leak memory in real job code; recycle them now and then.
+CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("WORKER_MAX_TASKS_PER_CHILD", default=1000)
+CELERY_TASK_DEFAULT_QUEUE = "jobs"
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE: dict = {}
+
+# --- Channels ---------------------------------------------------------------------------------
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            # redis-py 8's default socket_timeout (5 s) equals channels-redis's blocking-pop
+            # timeout and kills idle websockets with 1011; give the socket more room.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+            "prefix": f"{REDIS_KEY_PREFIX}asgi",
+            "capacity": 1000,
+            "expiry": 60,
+        },
+    }
+}
+
+# --- REST framework -------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "accounts.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "taskplatform API",
+    "DESCRIPTION": "Long-running background jobs with people in the loop.",
+    "VERSION": "0.1.0",
+}
+
+# --- Logging ----------------------------------------------------------------------------------
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "readable": {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "readable"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

@@ -1,0 +1,70 @@
+"""Shared fixtures: the embedded Redis when REDIS_URL is unset, a real Celery worker, users."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+
+from tests.support.processes import celery_worker
+
+REVIEWER_PERMISSIONS = ["jobs.view_job", "jobs.view_jobevent", "approvals.view_question", "approvals.answer_question"]
+
+
+def pytest_configure(config):
+    # `make test` without REDIS_URL uses the embedded server, as `make run` does.
+    if not os.environ.get("REDIS_URL"):
+        from taskplatform import embedded_redis
+
+        embedded_redis.start()
+
+
+@pytest.fixture(scope="session")
+def live_worker(django_db_setup, django_db_blocker):
+    """One real Celery worker process for the session, on the test database and Redis."""
+    worker = celery_worker(name="session-worker").start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def worker(live_worker, transactional_db):
+    """A running worker for a test whose rows it must see (so: transactional)."""
+    if live_worker.proc.poll() is not None:
+        live_worker.start()
+    return live_worker
+
+
+def reviewers_group() -> Group:
+    """The `reviewers` group as its migration makes it (a transactional test's flush drops it)."""
+    group, _ = Group.objects.get_or_create(name="reviewers")
+    for dotted in REVIEWER_PERMISSIONS:
+        app_label, codename = dotted.split(".")
+        group.permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return group
+
+
+def make_user(username: str, *, reviewer: bool = False, staff: bool = False, superuser: bool = False):
+    user = get_user_model().objects.create_user(
+        username=username, password=username, is_staff=staff or reviewer or superuser, is_superuser=superuser
+    )
+    if reviewer:
+        user.groups.add(reviewers_group())
+    return user
+
+
+@pytest.fixture
+def reviewer(db):
+    return make_user("reviewer", reviewer=True)
+
+
+@pytest.fixture
+def submitter(db):
+    return make_user("submitter")
+
+
+@pytest.fixture
+def superuser(db):
+    return make_user("boss", superuser=True)

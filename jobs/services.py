@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs.errors import IdempotencyConflict, InvalidTransition, JobNotFound
+from jobs.errors import IdempotencyConflict, InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import event_record
 from jobs.models import Job, JobEvent
 from jobs.registry import kind_get
@@ -129,7 +129,7 @@ def job_submit(
         existing = _job_for_idempotency_key(owner_id=owner_id, key=idempotency_key, kind=kind, input=input)
         if existing is not None:
             return existing, False
-    max_attempts = job_kind.max_attempts or settings.JOBS_DEFAULT_MAX_ATTEMPTS
+    max_attempts = _attempt_budget(kind)
     try:
         with transaction.atomic():
             job = Job.objects.create(
@@ -151,6 +151,14 @@ def job_submit(
             raise
         return existing, False
     return job, True
+
+
+def _attempt_budget(kind: str) -> int:
+    try:
+        configured = kind_get(kind).max_attempts
+    except UnknownKind:
+        configured = None
+    return configured or settings.JOBS_DEFAULT_MAX_ATTEMPTS
 
 
 def _job_for_idempotency_key(*, owner_id: Any, key: str, kind: str, input: Any) -> Job | None:
@@ -271,13 +279,23 @@ def job_retry(*, job_id: Any, actor: Any = None) -> Job:
     """Run a failed or cancelled job again, with a fresh budget of attempts.
 
     Finished steps stay checkpointed and answered questions stay answered, so the new run
-    picks up where the last one stopped.
+    picks up where the last one stopped. `attempts` keeps counting (it fences each run's
+    writes, so a cancelled run that is still winding down can never write into the new one);
+    the budget grows instead.
     """
+    kind = Job.objects.filter(pk=job_id).values_list("kind", flat=True).first()
+    if kind is None:
+        raise JobNotFound(f"job {job_id} does not exist")
     return job_transition(
         job_id=job_id,
         to=Status.PENDING,
         from_=[Status.FAILED, Status.CANCELLED],
-        fields={"attempts": 0, "error": None, "result": None, "run_after": None},
+        fields={
+            "max_attempts": F("attempts") + _attempt_budget(kind),
+            "error": None,
+            "result": None,
+            "run_after": None,
+        },
         message={"by": getattr(actor, "username", None), "retry": True},
         dispatch=True,
     )

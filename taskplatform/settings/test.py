@@ -15,3 +15,5 @@ import uuid as _uuid
 REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default=f"test-{_uuid.uuid4().hex[:8]}:")  # noqa: F405
 CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": REDIS_KEY_PREFIX}  # noqa: F405
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}asgi"  # noqa: F405
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testkinds"]  # noqa: F405

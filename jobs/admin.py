@@ -1,0 +1,167 @@
+"""The jobs in the admin: submit a job, watch it, cancel or retry it. Status is read-only here;
+every change goes through `jobs.services`."""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from jobs.errors import PlatformError
+from jobs.models import Job, JobEvent
+from jobs.registry import kinds_all
+from jobs.services import job_cancel, job_retry, job_submit
+
+
+class JobSubmitForm(forms.Form):
+    kind = forms.ChoiceField()
+    input = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 80, "style": "font-family: monospace"}),
+        initial="{}",
+        help_text="The job's input as JSON; it is checked against the kind's input schema.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["kind"].choices = [(k.name, f"{k.name} — {k.description}") for k in kinds_all()]
+
+    def clean_input(self):
+        try:
+            return json.loads(self.cleaned_data["input"] or "{}")
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc}") from exc
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    fields = ("seq", "created_at", "type", "step", "status", "message")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ("seq",)
+    show_change_link = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("short_id", "kind", "status", "progress_percent", "attempts", "owner", "created_at")
+    list_filter = ("status", "kind")
+    search_fields = ("=id", "kind", "idempotency_key")
+    date_hierarchy = "created_at"
+    list_select_related = ("owner",)
+    actions = ("cancel_jobs", "retry_jobs")
+    inlines = (JobEventInline,)
+    fieldsets = (
+        (None, {"fields": ("id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts")}),
+        ("Data", {"fields": ("input_display", "result_display", "error_display", "checkpoint_display")}),
+        ("Times", {"fields": ("created_at", "updated_at", "started_at", "finished_at", "run_after")}),
+    )
+    readonly_fields = (
+        "id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts", "input_display",
+        "result_display", "error_display", "checkpoint_display", "created_at", "updated_at", "started_at",
+        "finished_at", "run_after",
+    )
+
+    # -- list columns --------------------------------------------------------------------------
+    @admin.display(description="job", ordering="id")
+    def short_id(self, job: Job) -> str:
+        return str(job.pk)[:8]
+
+    @admin.display(description="progress", ordering="progress_fraction")
+    def progress_percent(self, job: Job) -> str:
+        return f"{job.progress_fraction:.0%}"
+
+    # -- detail ---------------------------------------------------------------------------------
+    @admin.display(description="progress")
+    def progress_display(self, job: Job) -> str:
+        return format_html(
+            '<progress max="1" value="{}" style="width: 20em"></progress> {} {}',
+            job.progress_fraction, f"{job.progress_fraction:.0%}", job.progress_text,
+        )
+
+    @staticmethod
+    def _json(value) -> str:
+        return format_html("<pre style='margin:0'>{}</pre>", json.dumps(value, indent=2, sort_keys=True))
+
+    @admin.display(description="input")
+    def input_display(self, job: Job) -> str:
+        return self._json(job.input)
+
+    @admin.display(description="result")
+    def result_display(self, job: Job) -> str:
+        return self._json(job.result) if job.result is not None else "—"
+
+    @admin.display(description="error")
+    def error_display(self, job: Job) -> str:
+        return self._json(job.error) if job.error else "—"
+
+    @admin.display(description="checkpoint (finished steps)")
+    def checkpoint_display(self, job: Job) -> str:
+        return self._json(job.checkpoint) if job.checkpoint else "—"
+
+    def has_change_permission(self, request, obj=None):
+        return False  # read-only: changes go through actions that call the services
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    # -- submitting a job -------------------------------------------------------------------
+    def add_view(self, request, form_url="", extra_context=None):
+        """The "add" page submits a job through `job_submit` (validated like the API)."""
+        if not self.has_add_permission(request):
+            return HttpResponseRedirect(reverse("admin:jobs_job_changelist"))
+        form = JobSubmitForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                job, _ = job_submit(kind=form.cleaned_data["kind"], input=form.cleaned_data["input"], owner=request.user)
+            except PlatformError as exc:
+                form.add_error("input" if exc.field and exc.field.startswith("input") else None, exc.message)
+            else:
+                self.message_user(request, f"Submitted {job.kind} job {job.pk}.", messages.SUCCESS)
+                return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Submit a job",
+            "form": form,
+            "opts": self.model._meta,
+            "kinds": kinds_all(),
+            "kind_schemas": {k.name: k.input_schema for k in kinds_all()},
+        }
+        return TemplateResponse(request, "admin/jobs/job/submit.html", context)
+
+    # -- actions ------------------------------------------------------------------------------
+    def _apply(self, request, queryset, service, verb: str) -> None:
+        done, refused = 0, []
+        for job in queryset:
+            try:
+                service(job_id=job.pk, actor=request.user)
+                done += 1
+            except PlatformError as exc:
+                refused.append(f"{str(job.pk)[:8]}: {exc.message}")
+        if done:
+            self.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
+        if refused:
+            self.message_user(request, f"Refused {len(refused)}: " + "; ".join(refused), messages.WARNING)
+
+    def has_operate_permission(self, request) -> bool:
+        """Cancel and retry need Django's "change job" permission (fields stay read-only)."""
+        return request.user.has_perm("jobs.change_job")
+
+    @admin.action(description="Cancel selected jobs", permissions=["operate"])
+    def cancel_jobs(self, request, queryset):
+        self._apply(request, queryset, job_cancel, "Cancelled")
+
+    @admin.action(description="Retry selected failed or cancelled jobs", permissions=["operate"])
+    def retry_jobs(self, request, queryset):
+        self._apply(request, queryset, job_retry, "Retried")

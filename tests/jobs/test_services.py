@@ -1,0 +1,140 @@
+"""The job services: submit, the status machine, events, idempotency (no worker: the runner is
+called in-process, and on_commit callbacks are captured where a dispatch matters)."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jobs.errors import IdempotencyConflict, InvalidInput, InvalidTransition, JobNotFound, UnknownKind
+from jobs.models import Job
+from jobs.services import job_cancel, job_claim, job_retry, job_submit, job_transition
+
+pytestmark = pytest.mark.django_db
+
+S = Job.Status
+
+
+def seqs(job):
+    return list(job.events.order_by("seq").values_list("seq", flat=True))
+
+
+def test_submit_creates_a_pending_job_with_its_first_event(django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as callbacks:
+        job, created = job_submit(kind="demo.sleep", input={"seconds": 0, "steps": 2})
+    assert created and job.status == S.PENDING and job.attempts == 0 and job.max_attempts == 3
+    assert [(e.seq, e.type, e.status) for e in job.events.all()] == [(1, "status", "pending")]
+    assert len(callbacks) == 1  # the dispatch, scheduled after the commit
+
+
+def test_submit_refuses_an_unknown_kind_naming_the_known_ones():
+    with pytest.raises(UnknownKind, match="known kinds: .*demo.noop"):
+        job_submit(kind="demo.nope", input={})
+
+
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"seconds": 1}, "input"),  # missing steps
+        ({"seconds": 5000, "steps": 1}, "input.seconds"),
+        ({"seconds": 1, "steps": "two"}, "input.steps"),
+        ({"seconds": 1, "steps": 1, "extra": True}, "input"),
+    ],
+)
+def test_submit_validates_input_against_the_kind_schema(payload, field):
+    with pytest.raises(InvalidInput) as info:
+        job_submit(kind="demo.sleep", input=payload)
+    assert info.value.field == field
+    assert info.value.message.startswith(field)
+    assert Job.objects.count() == 0
+
+
+def test_idempotency_key_returns_the_same_job_and_refuses_another_body(submitter):
+    first, created = job_submit(kind="demo.review", input={"document": "a"}, owner=submitter, idempotency_key="k1")
+    again, created_again = job_submit(kind="demo.review", input={"document": "a"}, owner=submitter,
+                                      idempotency_key="k1")
+    assert created and not created_again and again.pk == first.pk
+    with pytest.raises(IdempotencyConflict, match="k1"):
+        job_submit(kind="demo.review", input={"document": "b"}, owner=submitter, idempotency_key="k1")
+    # Scoped to the caller: another owner may use the same key.
+    other, created_other = job_submit(kind="demo.review", input={"document": "a"}, idempotency_key="k1")
+    assert created_other and other.pk != first.pk
+
+
+def test_claim_is_won_once():
+    job, _ = job_submit(kind="demo.noop", input={})
+    claimed = job_claim(job_id=job.pk)
+    assert claimed.status == S.PROCESSING and claimed.attempts == 1 and claimed.started_at
+    with pytest.raises(InvalidTransition, match="is processing"):
+        job_claim(job_id=job.pk)
+    assert Job.objects.get(pk=job.pk).attempts == 1
+
+
+def test_illegal_moves_are_refused_and_change_nothing():
+    job, _ = job_submit(kind="demo.noop", input={})
+    with pytest.raises(InvalidTransition, match="is pending; it cannot move to completed"):
+        job_transition(job_id=job.pk, to=S.COMPLETED)
+    job.refresh_from_db()
+    assert job.status == S.PENDING and seqs(job) == [1]
+    with pytest.raises(JobNotFound):
+        job_transition(job_id="00000000-0000-0000-0000-000000000000", to=S.PROCESSING)
+
+
+def test_every_move_in_the_table_is_allowed_and_nothing_else():
+    for source, targets in Job.TRANSITIONS.items():
+        for target in S.values:
+            job = Job.objects.create(kind="demo.noop", status=source)
+            if target in targets:
+                moved = job_transition(job_id=job.pk, to=target)
+                assert moved.status == target
+                assert moved.events.get(seq=1).status == target
+            else:
+                with pytest.raises(InvalidTransition):
+                    job_transition(job_id=job.pk, to=target)
+
+
+def test_terminal_statuses_set_finished_at_and_completed_is_final():
+    job, _ = job_submit(kind="demo.noop", input={})
+    job_claim(job_id=job.pk)
+    done = job_transition(job_id=job.pk, to=S.COMPLETED)
+    assert done.finished_at is not None
+    for target in S.values:
+        with pytest.raises(InvalidTransition):
+            job_transition(job_id=job.pk, to=target)
+
+
+def test_cancel_then_retry(django_capture_on_commit_callbacks):
+    job, _ = job_submit(kind="demo.noop", input={})
+    cancelled = job_cancel(job_id=job.pk)
+    assert cancelled.status == S.CANCELLED
+    with pytest.raises(InvalidTransition):
+        job_cancel(job_id=job.pk)
+    with django_capture_on_commit_callbacks() as callbacks:
+        retried = job_retry(job_id=job.pk)
+    assert retried.status == S.PENDING and retried.max_attempts == retried.attempts + 3 and retried.finished_at is None
+    assert len(callbacks) == 1
+    assert [e.status for e in retried.events.order_by("seq")] == ["pending", "cancelled", "pending"]
+
+
+def test_only_job_transition_writes_the_status_column():
+    """House rule: one function changes Job.status. Look for any other writer in the code."""
+    root = Path(__file__).resolve().parents[2]
+    files = subprocess.run(["git", "ls-files", "*.py"], cwd=root, capture_output=True, text=True).stdout.split()
+    writers = re.compile(
+        r"(\bjob\.status\s*=(?!=)"  # attribute assignment
+        r"|\.update(_returning)?\([^)]*\bstatus="  # queryset updates
+        r"|Job\.objects\.(create|bulk_create)\([^)]*\bstatus="
+        r"|\"status\":\s*to\b)"  # the values job_transition writes
+    )
+    offenders = []
+    for name in files:
+        if name.startswith(("tests/", "bench/")) or "/migrations/" in name:
+            continue
+        for number, line in enumerate((root / name).read_text().splitlines(), 1):
+            if writers.search(line):
+                offenders.append(f"{name}:{number}: {line.strip()}")
+    allowed = {"jobs/services.py"}
+    assert [o for o in offenders if o.split(":")[0] not in allowed] == []
+    # ...and in jobs/services.py only job_transition builds the status value.
+    assert [o for o in offenders if o.startswith("jobs/services.py")] != []

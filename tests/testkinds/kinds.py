@@ -1,0 +1,35 @@
+"""Job kinds for the tests. Registered in every process started with the test settings."""
+
+from demo.services import step_run_count, step_runs
+from jobs.registry import job_kind
+from jobs.runtime import JobFailure
+
+
+@job_kind(
+    "test.flaky",
+    input_schema={
+        "type": "object",
+        "properties": {"fail_times": {"type": "integer", "minimum": 0}},
+        "required": ["fail_times"],
+    },
+    max_attempts=3,
+)
+def flaky(ctx, input):
+    """Finishes step `a`, then raises on its first `fail_times` runs."""
+    ctx.step("a", lambda: step_run_count(job_id=ctx.job_id, step="a") or "done")
+    step_run_count(job_id=ctx.job_id, step="body")
+    if ctx.attempt <= input["fail_times"]:
+        raise RuntimeError(f"planned failure on attempt {ctx.attempt}")
+    return {"attempt": ctx.attempt, "step_runs": step_runs(job_id=ctx.job_id)}
+
+
+@job_kind("test.refuse", input_schema={"type": "object"})
+def refuse(ctx, input):
+    """Fails at once with its own error code (no retry)."""
+    raise JobFailure("bad_data", "the input data cannot be processed")
+
+
+@job_kind("test.ask_changing", input_schema={"type": "object", "properties": {"prompt": {"type": "string"}}})
+def ask_changing(ctx, input):
+    """Asks with a prompt taken from the input, to test changed questions."""
+    return ctx.ask("q", input.get("prompt", "first"))

@@ -16,12 +16,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs.errors import IdempotencyConflict, InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import event_record
-from jobs.models import Job, JobEvent
+from jobs.models import Job
 from jobs.registry import kind_get
 
 logger = logging.getLogger(__name__)
@@ -301,5 +301,28 @@ def job_retry(*, job_id: Any, actor: Any = None) -> Job:
     )
 
 
-def job_events_after(*, job_id: Any, after: int = 0, limit: int = 1000) -> list[JobEvent]:
-    return list(JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit])
+def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
+    """Send again the message of `pending` jobs that have not moved for `grace` seconds.
+
+    Covers a dispatch that never reached a worker (the broker was down at commit, Redis
+    restarted empty, a crash between commit and publish). A job whose message was only slow
+    gets a duplicate, which its atomic claim makes harmless. Each job is re-sent at most once
+    per `grace`. Returns how many were sent.
+    """
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=grace)
+    stale = (
+        Job.objects.filter(status=Status.PENDING, updated_at__lt=cutoff)
+        .filter(Q(run_after__isnull=True) | Q(run_after__lt=cutoff))
+        .order_by("updated_at")
+        .only("pk", "kind", "updated_at")[:limit]
+    )
+    sent = 0
+    for job in stale:
+        # Touch the row first (only if nobody else did), so two reconcilers never both send.
+        if Job.objects.filter(pk=job.pk, status=Status.PENDING, updated_at=job.updated_at).update(updated_at=now):
+            job_dispatch(job=job)
+            sent += 1
+    if sent:
+        logger.warning("re-dispatched %d pending job(s) idle for more than %ss", sent, grace)
+    return sent

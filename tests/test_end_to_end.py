@@ -88,3 +88,19 @@ def test_failing_job_fails_after_max_attempts_with_the_error(worker):
     assert job.attempts == 3 and job.error["code"] == "exception"
     assert "planned failure on attempt 3" in job.error["message"]
     assert job.events.order_by("-seq").first().status == "failed"
+
+
+def test_a_lost_dispatch_is_sent_again_by_the_reconciler(worker, django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.tasks import jobs_reconcile
+
+    with django_capture_on_commit_callbacks(execute=False):  # the message is never sent
+        job, _ = job_submit(kind="demo.noop", input={})
+    Job.objects.filter(pk=job.pk).update(updated_at=timezone.now() - timedelta(minutes=10))
+    assert status_of(job) == S.PENDING
+    assert jobs_reconcile() == 1
+    assert jobs_reconcile() == 0  # touched: not sent twice within the grace period
+    wait_status(job, S.COMPLETED)

@@ -135,6 +135,10 @@ JOBS_DEFAULT_MAX_ATTEMPTS = env.int("JOBS_DEFAULT_MAX_ATTEMPTS", default=3)
 # Retry back-off: base * 2**(attempt-1) seconds, capped, with full jitter.
 JOBS_RETRY_BACKOFF_BASE = env.float("JOBS_RETRY_BACKOFF_BASE", default=2.0)
 JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=300.0)
+# A pending job that has not moved for this many seconds has its message sent again (the
+# first may have been lost with a broker restart); duplicates are harmless.
+JOBS_DISPATCH_GRACE = env.float("JOBS_DISPATCH_GRACE", default=120.0)
+JOBS_RECONCILE_INTERVAL = env.float("JOBS_RECONCILE_INTERVAL", default=30.0)
 # Hard ceiling on one run of a job; a kind may ask for less.
 JOBS_TIME_LIMIT = env.int("JOBS_TIME_LIMIT", default=3600)
 
@@ -186,7 +190,9 @@ CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=None)
 CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("WORKER_MAX_TASKS_PER_CHILD", default=1000)
 CELERY_TASK_DEFAULT_QUEUE = "jobs"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
-CELERY_BEAT_SCHEDULE: dict = {}
+CELERY_BEAT_SCHEDULE: dict = {
+    "jobs-reconcile": {"task": "jobs.reconcile", "schedule": JOBS_RECONCILE_INTERVAL},
+}
 
 # --- Channels ---------------------------------------------------------------------------------
 CHANNEL_LAYERS = {

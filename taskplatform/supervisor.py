@@ -1,0 +1,420 @@
+"""Run the whole platform on this machine in the foreground: what `make run` starts.
+
+    python -m taskplatform.supervisor
+
+It starts the embedded Redis when `REDIS_URL` is unset, migrates, creates the demo accounts
+(development settings only), then starts and watches the ASGI server, the Celery worker, Celery
+beat and Flower. Each runs in its own process group with its output prefixed by its name. A
+process that dies is started again after a short back-off. Ctrl-C or SIGTERM stops every process
+it started, pool children included, and exits 0.
+
+A deployment starts the same commands on its own (see docker-compose.yml); this module is only
+the local convenience around them. Settings: HOST, PORT, FLOWER_PORT, FLOWER_BASIC_AUTH,
+WORKER_CONCURRENCY, BEAT_SCHEDULE_FILE (see .env.example).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from taskplatform import embedded_redis
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+VENV_BIN = Path(sys.executable).parent
+
+# Restart back-off: the first restart waits BACKOFF_MIN seconds, each quick death doubles it up to
+# BACKOFF_MAX; a process that stayed up STABLE_AFTER seconds starts again from BACKOFF_MIN.
+BACKOFF_MIN = 1.0
+BACKOFF_MAX = 30.0
+STABLE_AFTER = 30.0
+# On stop: how long the processes get to finish (a Celery worker finishes its running tasks).
+STOP_GRACE = 10.0
+# How long to wait for the ports to answer before printing the URLs anyway.
+READY_TIMEOUT = 120.0
+LOOP_INTERVAL = 0.2
+
+_print_lock = threading.Lock()
+
+
+def say(name: str, text: str) -> None:
+    """Write one line to stdout as `name | text`, whole, even with several threads writing."""
+    with _print_lock:
+        sys.stdout.write(f"{name:<10}| {text}\n")
+        sys.stdout.flush()
+
+
+def log(text: str) -> None:
+    """A line from the supervisor itself."""
+    say("supervisor", text)
+
+
+def group_alive(pgid: int) -> bool:
+    """True while a process that is not a zombie remains in the process group `pgid`.
+
+    `killpg(pgid, 0)` also succeeds for zombies waiting to be reaped by init, so Linux reads
+    `/proc`; elsewhere that is the best there is.
+    """
+    proc_dir = Path("/proc")
+    if not (proc_dir / "self" / "stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for stat_path in proc_dir.glob("[0-9]*/stat"):
+        try:
+            text = stat_path.read_text()
+        except OSError:  # the process went away while we looked
+            continue
+        # The command name is in parentheses and may hold spaces; the fields after it are
+        # state, ppid, pgrp, ...
+        fields = text.rpartition(")")[2].split()
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+@dataclass
+class Service:
+    """One supervised command: its process, and when to start it again after it died."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    backoff: float = BACKOFF_MIN
+    restart_at: float | None = None
+    restarts: int = 0
+    _pump: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of the running process (also its process group id), or None."""
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        """Start the command in a new session (so its own process group), output pumped to ours."""
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=BASE_DIR,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.started_at = time.monotonic()
+        self.restart_at = None
+        assert self.proc.stdout is not None
+        self._pump = threading.Thread(target=self._copy_output, args=(self.proc.stdout,), daemon=True)
+        self._pump.start()
+        log(f"started {self.name} (pid {self.proc.pid}): {' '.join(self._display_argv())}")
+
+    def _display_argv(self) -> list[str]:
+        # The full path of the venv's executables and Flower's password are noise in the log.
+        shown = [Path(self.argv[0]).name, *self.argv[1:]]
+        return ["--basic-auth=***" if arg.startswith("--basic-auth=") else arg for arg in shown]
+
+    def _copy_output(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            say(self.name, raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        stream.close()
+
+    def running(self) -> bool:
+        """True while the process itself (the group leader) has not exited."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def alive(self) -> bool:
+        """True while the process or anything left in its process group still runs."""
+        return self.running() or (self.proc is not None and group_alive(self.proc.pid))
+
+    def signal_group(self, signum: int) -> None:
+        """Send `signum` to every process in the service's process group."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def terminate(self) -> None:
+        """Ask the service to stop.
+
+        The leader gets SIGTERM first, so a Celery worker does its warm shutdown (its pool
+        children finish their tasks); should the leader be gone already, the rest of its group
+        gets SIGTERM.
+        """
+        if self.running():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+        else:
+            self.signal_group(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group and reap the leader."""
+        self.signal_group(signal.SIGKILL)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log(f"{self.name} (pid {self.proc.pid}) did not die on SIGKILL")
+
+    def join_output(self, timeout: float = 1.0) -> None:
+        """Wait briefly until the last lines of output have been copied."""
+        if self._pump is not None:
+            self._pump.join(timeout)
+
+
+class StopRequested:
+    """Set by SIGINT/SIGTERM/SIGHUP; the main loop checks it."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.signum is not None
+
+    def install(self) -> None:
+        """Route the stop signals to this flag instead of the default (die at once)."""
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+            log(f"got {signal.Signals(signum).name}: stopping everything")
+
+
+def child_environment() -> dict[str, str]:
+    """The environment every child gets: ours, unbuffered, with the settings module set."""
+    env = dict(os.environ)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.base")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def build_services(env: dict[str, str]) -> list[Service]:
+    """The four processes of the platform, each from this interpreter's virtualenv."""
+    host = env.get("HOST") or "127.0.0.1"
+    port = env.get("PORT") or "8000"
+    flower_port = env.get("FLOWER_PORT") or "5555"
+    flower_auth = env.get("FLOWER_BASIC_AUTH") or "admin:admin"
+    schedule = env.get("BEAT_SCHEDULE_FILE") or str(VAR_DIR / "celerybeat-schedule")
+    celery = str(VENV_BIN / "celery")
+
+    worker = [celery, "-A", "taskplatform", "worker", "-l", "INFO"]
+    if env.get("WORKER_CONCURRENCY"):
+        worker += ["--concurrency", env["WORKER_CONCURRENCY"]]
+    return [
+        Service(
+            "web",
+            # Django's ASGI handler does not speak the lifespan protocol; saying so keeps the log clean.
+            [str(VENV_BIN / "uvicorn"), "taskplatform.asgi:application", "--host", host, "--port", port,
+             "--lifespan", "off", "--timeout-graceful-shutdown", str(int(STOP_GRACE // 2))],
+            env,
+        ),
+        Service("worker", worker, env),
+        Service("beat", [celery, "-A", "taskplatform", "beat", "-l", "INFO", "--schedule", schedule], env),
+        Service(
+            "flower",
+            [celery, "-A", "taskplatform", "flower", f"--port={flower_port}", f"--address={host}",
+             f"--basic-auth={flower_auth}"],
+            env,
+        ),
+    ]
+
+
+def manage(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run `manage.py ARGS` to completion, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(BASE_DIR / "manage.py"), *args],
+        cwd=BASE_DIR, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def prepare_database(env: dict[str, str]) -> bool:
+    """Migrate, then create the demo accounts if the settings allow it; True if they exist."""
+    log("migrating the database")
+    result = manage(["migrate", "--noinput"], env)
+    for line in result.stdout.splitlines():
+        say("migrate", line)
+    if result.returncode != 0:
+        raise SystemExit(f"migrate failed (exit {result.returncode}); not starting")
+
+    result = manage(["ensure_demo_accounts"], env)
+    for line in result.stdout.splitlines():
+        say("accounts", line)
+    if result.returncode == 0:
+        return True
+    if "DJANGO_DEBUG is off" in result.stdout:
+        log("skipping the demo accounts: DJANGO_DEBUG is off")
+    else:
+        log(f"could not create the demo accounts (exit {result.returncode}); continuing without them")
+    return False
+
+
+def reachable_host(host: str) -> str:
+    """The address a local client uses for a server bound to `host` (a wildcard means loopback)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def url_host(host: str) -> str:
+    """`host` as written in a URL (IPv6 literals in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def port_open(host: str, port: int, timeout: float = 0.3) -> bool:
+    """True when something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def print_banner(env: dict[str, str], demo_accounts: bool, ready: bool) -> None:
+    """Print where everything is: the app, admin, health check, Flower and the accounts."""
+    host = url_host(reachable_host(env.get("HOST") or "127.0.0.1"))
+    base = f"http://{host}:{env.get('PORT') or '8000'}"
+    flower = f"http://{host}:{env.get('FLOWER_PORT') or '5555'}/"
+    if env.get("FLOWER_BASIC_AUTH"):
+        user = env["FLOWER_BASIC_AUTH"].split(",")[0].partition(":")[0]
+        flower_login = f"user {user}, password from FLOWER_BASIC_AUTH"
+    else:
+        flower_login = "admin / admin"
+    rows = [
+        ("App", f"{base}/jobs/"),
+        ("Admin", f"{base}/admin/"),
+        ("Reviewer inbox", f"{base}/admin/approvals/question/"),
+        ("API docs", f"{base}/api/docs/"),
+        ("Health", f"{base}/healthz"),
+        ("Flower", f"{flower}  ({flower_login})"),
+    ]
+    if demo_accounts:
+        rows.append(("Demo accounts", "admin / admin (superuser), reviewer / reviewer (reviewer)"))
+    rule = "=" * 78
+    lines = [rule, "taskplatform is running" if ready else "taskplatform started (not every port answers yet)"]
+    lines += [f"  {label + ':':<16}{value}" for label, value in rows]
+    lines += ["  Ctrl-C stops everything.", rule]
+    with _print_lock:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+
+
+def supervise(services: list[Service], stop: StopRequested, on_ready: Callable[[bool], None],
+              ready_ports: list[tuple[str, int]]) -> None:
+    """Start every service and keep them running until `stop` is set.
+
+    A service that exits is restarted after its back-off; whatever it left in its process group
+    (a killed Celery worker's pool children) is killed first. `on_ready` is called once, when
+    every port in `ready_ports` accepts connections (or after READY_TIMEOUT).
+    """
+    for service in services:
+        service.start()
+    began = time.monotonic()
+    announced = False
+    next_probe = 0.0
+    while not stop:
+        now = time.monotonic()
+        for service in services:
+            if service.proc is not None and service.restart_at is None and not service.running():
+                code = service.proc.returncode
+                uptime = now - service.started_at
+                service.signal_group(signal.SIGKILL)  # orphans of the dead leader
+                service.backoff = BACKOFF_MIN if uptime >= STABLE_AFTER else service.backoff
+                service.restart_at = now + service.backoff
+                log(f"{service.name} (pid {service.proc.pid}) exited with code {code} after {uptime:.1f}s; "
+                    f"restarting it in {service.backoff:g}s")
+                service.backoff = min(service.backoff * 2, BACKOFF_MAX)
+            elif service.restart_at is not None and now >= service.restart_at:
+                service.restarts += 1
+                log(f"restarting {service.name} (restart #{service.restarts})")
+                service.start()
+        if not announced and now >= next_probe:
+            next_probe = now + 0.5
+            ready = all(port_open(host, port) for host, port in ready_ports)
+            if ready or now - began > READY_TIMEOUT:
+                on_ready(ready)
+                announced = True
+        time.sleep(LOOP_INTERVAL)
+
+
+def stop_all(services: list[Service], grace: float = STOP_GRACE) -> None:
+    """Stop every service: SIGTERM, up to `grace` seconds to finish, then SIGKILL the leftovers."""
+    for service in services:
+        service.terminate()
+    leftovers_told: set[str] = set()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        alive = [service for service in services if service.alive()]
+        if not alive:
+            break
+        for service in alive:
+            # The leader is gone but left processes behind: they get SIGTERM too.
+            if not service.running() and service.name not in leftovers_told:
+                service.signal_group(signal.SIGTERM)
+                leftovers_told.add(service.name)
+        time.sleep(0.1)
+    for service in services:
+        if service.alive():
+            log(f"{service.name} still running after {grace:g}s: SIGKILL to its process group")
+        # Always: SIGKILL to an empty group does nothing, and it reaps the leader.
+        service.kill()
+        service.join_output()
+
+
+def main() -> int:
+    """Run the platform until Ctrl-C or SIGTERM; return the exit code."""
+    stop = StopRequested()
+    stop.install()
+    env = child_environment()
+
+    started_redis = False
+    if not env.get("REDIS_URL"):
+        already = embedded_redis.is_answering()
+        url = embedded_redis.start()
+        started_redis = not already
+        log(f"embedded Redis {'started' if started_redis else 'already running'} at {url}")
+        env["REDIS_URL"] = url
+
+    services = build_services(env)
+    try:
+        demo_accounts = prepare_database(env)
+        if stop:
+            return 0
+        host = reachable_host(env.get("HOST") or "127.0.0.1")
+        ports = [(host, int(env.get("PORT") or 8000)), (host, int(env.get("FLOWER_PORT") or 5555))]
+        supervise(services, stop, lambda ready: print_banner(env, demo_accounts, ready), ports)
+    except SystemExit as exc:
+        if stop:  # Ctrl-C reached migrate too; that is a stop, not a failure
+            return 0
+        if isinstance(exc.code, str):
+            log(exc.code)
+            return 1
+        raise
+    finally:
+        stop_all(services)
+        if started_redis:
+            log("stopping the embedded Redis")
+            embedded_redis.stop()
+        log("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -86,7 +86,9 @@ def question_answer(
     answer is refused with AlreadyAnswered naming who answered first.
     """
     with transaction.atomic():
-        question = Question.objects.select_for_update().select_related("answered_by").filter(pk=question_id).first()
+        question = (
+            Question.objects.select_for_update(of=("self",)).select_related("answered_by").filter(pk=question_id).first()
+        )
         if question is None:
             raise QuestionNotFound(f"question {question_id} does not exist")
         if question.status == Question.Status.ANSWERED:

@@ -199,9 +199,28 @@ class StopRequested:
             log(f"got {signal.Signals(signum).name}: stopping everything")
 
 
+def read_dotenv(path: Path) -> dict[str, str]:
+    """The `KEY=value` lines of a .env file; blank lines, comments and `export ` are skipped."""
+    values: dict[str, str] = {}
+    if not path.is_file():
+        return values
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.removeprefix("export ").partition("=")
+        if not sep:
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[key.strip()] = value
+    return values
+
+
 def child_environment() -> dict[str, str]:
-    """The environment every child gets: ours, unbuffered, with the settings module set."""
-    env = dict(os.environ)
+    """The environment every child gets: .env under ours (as the settings read it), unbuffered."""
+    env = {**read_dotenv(BASE_DIR / ".env"), **os.environ}
     env.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.base")
     env["PYTHONUNBUFFERED"] = "1"
     return env

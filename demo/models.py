@@ -11,3 +11,6 @@ class StepRun(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job_id", "step"], name="steprun_unique_step")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} step {self.step}: {self.runs} run(s)"

@@ -124,7 +124,9 @@ class JobAdmin(admin.ModelAdmin):
         form = JobSubmitForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:
-                job, _ = job_submit(kind=form.cleaned_data["kind"], input=form.cleaned_data["input"], owner=request.user)
+                job, _ = job_submit(
+                    kind=form.cleaned_data["kind"], input=form.cleaned_data["input"], owner=request.user
+                )
             except PlatformError as exc:
                 form.add_error("input" if exc.field and exc.field.startswith("input") else None, exc.message)
             else:

@@ -77,7 +77,8 @@ class Job(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
     )
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "": the unique constraint must not treat "no key" as one shared key.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     # The seq of the job's last event: the next event takes event_seq + 1 under the row lock.
     event_seq = models.PositiveIntegerField(default=0)
     # When a pending job may next run (a retry's back-off); null means now.
@@ -98,7 +99,9 @@ class Job(models.Model):
                 name="job_unique_idempotency_key_per_owner",
             ),
             models.CheckConstraint(
-                condition=Q(status__in=["pending", "processing", "paused", "waiting", "completed", "failed", "cancelled"]),
+                condition=Q(
+                    status__in=["pending", "processing", "paused", "waiting", "completed", "failed", "cancelled"]
+                ),
                 name="job_status_known",
             ),
             models.CheckConstraint(

@@ -1,5 +1,7 @@
 """Settings for `make test`: the base settings with faster password hashing."""
 
+import uuid as _uuid
+
 from taskplatform.settings.base import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -7,7 +9,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 JOBS_RETRY_BACKOFF_BASE = env.float("JOBS_RETRY_BACKOFF_BASE", default=0.05)  # noqa: F405
 JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=0.2)  # noqa: F405
 
-import uuid as _uuid
 
 # Every test run gets its own Redis key prefix (queues, channel groups), so runs that share a
 # Redis server never see each other's messages. Worker processes started by the tests are

@@ -21,7 +21,12 @@ def paused_review():
 
 @pytest.mark.parametrize(
     "answer, field",
-    [({"approved": "yes"}, "answer.approved"), ({}, "answer"), ({"approved": True, "x": 1}, "answer"), ("ok", "answer")],
+    [
+        ({"approved": "yes"}, "answer.approved"),
+        ({}, "answer"),
+        ({"approved": True, "x": 1}, "answer"),
+        ("ok", "answer"),
+    ],
 )
 def test_an_answer_that_fails_the_schema_is_refused_and_the_job_stays_paused(paused_review, reviewer, answer, field):
     job, question = paused_review

@@ -92,7 +92,9 @@ class ManagedProcess:
             if any(text in line for line in list(self.lines)):
                 return
             if self.proc and self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) before {text!r}:\n{self.output[-4000:]}")
+                raise RuntimeError(
+                    f"{self.name} exited ({self.proc.returncode}) before {text!r}:\n{self.output[-4000:]}"
+                )
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} did not print {text!r} within {timeout}s:\n{self.output[-4000:]}")
 
@@ -140,7 +142,9 @@ def celery_worker(*, concurrency: int = 2, queues: str | None = None, extra_args
     return ManagedProcess(name, argv, child_env(**(env or {})), ready_marker=" ready.")
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, message: str = "") -> object:
+def wait_until(
+    predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, message: str = ""
+) -> object:
     """Poll `predicate` until it returns something truthy; fail with `message` on timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -10,12 +10,11 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from approvals.models import Question
+from approvals.selectors import ANSWER_PERMISSION
 from jobs.errors import PlatformError
 from jobs.events import event_append
 from jobs.models import Job
 from jobs.services import job_resume
-
-ANSWER_PERMISSION = "approvals.answer_question"
 
 
 class QuestionNotFound(PlatformError):

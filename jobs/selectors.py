@@ -1,0 +1,40 @@
+"""Reads: which jobs and events a caller may see. Every page, API view and websocket consumer
+asks these, so the visibility rule lives in one place (the contract's "Visibility")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from jobs.errors import JobNotFound
+from jobs.models import Job, JobEvent
+
+
+def jobs_visible_to(user: Any) -> QuerySet[Job]:
+    """Jobs `user` may see: those they created, all for staff, and those with a question they
+    may answer."""
+    from approvals.selectors import questions_answerable_by
+
+    if user is None or not user.is_authenticated or not user.is_active:
+        return Job.objects.none()
+    if user.is_staff:
+        return Job.objects.all()
+    answerable = questions_answerable_by(user).filter(job_id=OuterRef("pk"))
+    return Job.objects.filter(Q(owner=user) | Exists(answerable))
+
+
+def job_get_visible(*, user: Any, job_id: Any) -> Job:
+    """The job `job_id` if `user` may see it; JobNotFound otherwise (as if it did not exist)."""
+    try:
+        job = jobs_visible_to(user).filter(pk=job_id).first()
+    except (ValueError, TypeError):  # not a UUID
+        job = None
+    if job is None:
+        raise JobNotFound(f"job {job_id} does not exist")
+    return job
+
+
+def job_events_after(*, job_id: Any, after: int = 0, limit: int = 1000) -> list[JobEvent]:
+    """The job's events with seq > `after`, oldest first, at most `limit`."""
+    return list(JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit])

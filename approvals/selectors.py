@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 
 from approvals.models import Question
@@ -29,3 +30,17 @@ def questions_visible_to(user: Any) -> QuerySet[Question]:
     if user.is_staff:
         return Question.objects.all()
     return Question.objects.filter(Q(pk__in=questions_answerable_by(user).values("pk")) | Q(job__owner=user))
+
+
+def question_get_visible(*, user: Any, question_id: Any) -> Question:
+    """The question `question_id` if `user` may see it; QuestionNotFound otherwise (as if it did
+    not exist)."""
+    from approvals.services import QuestionNotFound
+
+    try:
+        question = questions_visible_to(user).select_related("answered_by").filter(pk=question_id).first()
+    except (ValueError, TypeError, ValidationError):  # not a UUID
+        question = None
+    if question is None:
+        raise QuestionNotFound(f"question {question_id} does not exist")
+    return question

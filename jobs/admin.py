@@ -62,6 +62,8 @@ class JobAdmin(admin.ModelAdmin):
     list_select_related = ("owner",)
     actions = ("cancel_jobs", "retry_jobs")
     inlines = (JobEventInline,)
+    # The job page shows the same live progress as /jobs/{id}/ (jobs/_live.html and live.js).
+    change_form_template = "admin/jobs/job/change_form.html"
     fieldsets = (
         (None, {"fields": ("id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts")}),
         ("Data", {"fields": ("input_display", "result_display", "error_display", "checkpoint_display")}),
@@ -115,6 +117,17 @@ class JobAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return request.user.is_superuser
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        from jobs.pages import live_context
+
+        job = self.get_object(request, object_id)
+        extra = dict(extra_context or {})
+        if job is not None:
+            live = live_context(request, job)
+            live["live_job"] = live.pop("job")
+            extra.update(live)
+        return super().change_view(request, object_id, form_url, extra_context=extra)
 
     # -- submitting a job -------------------------------------------------------------------
     def add_view(self, request, form_url="", extra_context=None):

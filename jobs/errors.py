@@ -46,3 +46,10 @@ class InvalidTransition(PlatformError):
 class IdempotencyConflict(PlatformError):
     code = "idempotency_conflict"
     http_status = 409
+
+
+class NotAllowed(PlatformError):
+    """The caller may see the object but not do this to it (for example cancel another's job)."""
+
+    code = "not_allowed"
+    http_status = 403

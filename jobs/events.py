@@ -8,12 +8,14 @@ scheduled only after that transaction commits.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from jobs.broadcast import event_publish
 from jobs.errors import JobNotFound
 from jobs.models import Job, JobEvent
 
@@ -29,14 +31,17 @@ class RunLost(BaseException):
 def event_record(
     *, job: Job, type: str, step: str = "", status: str = "", message: dict | None = None
 ) -> JobEvent:
-    """Insert the event numbered `job.event_seq`.
+    """Insert the event numbered `job.event_seq` and push it to clients once it commits.
 
     Precondition: the caller is in a transaction and has just bumped `job.event_seq` under the
-    row lock (as `job_transition` and `event_append` do).
+    row lock (as `job_transition` and `event_append` do). This is the one place events are
+    created, so it is the one place they are published: after the commit, never for a
+    rolled-back write, and a failed push never fails the write.
     """
     event = JobEvent.objects.create(
         job_id=job.pk, seq=job.event_seq, type=type, step=step, status=status, message=message or {}
     )
+    transaction.on_commit(partial(event_publish, job=job, event=event), robust=True)
     return event
 
 

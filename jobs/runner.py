@@ -36,7 +36,12 @@ def job_execute(*, job_id: Any) -> str:
 
     ctx = JobContext(job)
     try:
-        result = kind.handler(ctx, job.input)
+        try:
+            result = kind.handler(ctx, job.input)
+        finally:
+            # A progress report held back by coalescing is written before the outcome, so the
+            # log ends with the job's last reported state (a lost run raises RunLost here).
+            ctx.flush()
     except PauseForResolution as pause:
         return _record(job_pause, job=job, question=pause.question)
     except RunLost as exc:

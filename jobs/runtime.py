@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -66,12 +67,18 @@ class JobContext:
     """The handle a job's handler gets. Every write is fenced to this run: once the job is
     cancelled (or handed to another run) the next call raises `RunLost` and the run stops."""
 
+    # At most one progress row per this many seconds per run; later reports in between are
+    # coalesced (the latest wins) so a tight loop cannot flood the database.
+    progress_interval: float = 0.1
+
     def __init__(self, job: Job) -> None:
         self.job = job
         self.job_id = job.pk
         self.input = job.input
         self.attempt = job.attempts
         self._checkpoint: dict[str, Any] = dict(job.checkpoint or {})
+        self._progress_written_at = float("-inf")  # time.monotonic() of the last progress row
+        self._progress_pending: tuple[float, str] | None = None
 
     # -- steps ---------------------------------------------------------------------------
     def step(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -101,14 +108,33 @@ class JobContext:
 
     # -- progress and logs ------------------------------------------------------------------
     def progress(self, fraction: float, text: str = "") -> None:
-        """Report how far the job is (0.0 to 1.0) with a short text for people watching."""
+        """Report how far the job is (0.0 to 1.0) with a short text for people watching.
+
+        Cheap to call often: at most one `progress` event is written per `progress_interval`
+        (100 ms); a report in between is held, replaced by any later one, and written before
+        the run's next other event or when the run ends, so the last report is never lost.
+        """
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"progress fraction must be between 0 and 1, not {fraction}")
         text = str(text)[:500]
-        self._event(
-            "progress",
-            message={"fraction": fraction, "text": text},
-            fields={"progress_fraction": fraction, "progress_text": text},
+        if time.monotonic() - self._progress_written_at < self.progress_interval:
+            self._progress_pending = (fraction, text)
+            return
+        self._progress_pending = None
+        self._progress_write(fraction, text)
+
+    def flush(self) -> None:
+        """Write a held progress report now (the runner calls this when the handler returns)."""
+        if self._progress_pending is not None:
+            fraction, text = self._progress_pending
+            self._progress_pending = None
+            self._progress_write(fraction, text)
+
+    def _progress_write(self, fraction: float, text: str) -> None:
+        self._progress_written_at = time.monotonic()
+        event_append(
+            job_id=self.job_id, type="progress", message={"fraction": fraction, "text": text},
+            fields={"progress_fraction": fraction, "progress_text": text}, run_attempt=self.attempt,
         )
 
     def log(self, text: str, level: str = "info") -> None:
@@ -168,6 +194,7 @@ class JobContext:
     # -- internals ---------------------------------------------------------------------------
     def _event(self, type: str, *, step: str = "", status: str = "", message: dict | None = None,
                fields: dict | None = None) -> None:
+        self.flush()  # a held progress report goes first: the log keeps the order things happened
         event_append(
             job_id=self.job_id, type=type, step=step, status=status, message=message, fields=fields,
             run_attempt=self.attempt,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from jobs.errors import JobNotFound
@@ -28,7 +29,7 @@ def job_get_visible(*, user: Any, job_id: Any) -> Job:
     """The job `job_id` if `user` may see it; JobNotFound otherwise (as if it did not exist)."""
     try:
         job = jobs_visible_to(user).filter(pk=job_id).first()
-    except (ValueError, TypeError):  # not a UUID
+    except (ValueError, TypeError, ValidationError):  # not a UUID
         job = None
     if job is None:
         raise JobNotFound(f"job {job_id} does not exist")
@@ -38,3 +39,11 @@ def job_get_visible(*, user: Any, job_id: Any) -> Job:
 def job_events_after(*, job_id: Any, after: int = 0, limit: int = 1000) -> list[JobEvent]:
     """The job's events with seq > `after`, oldest first, at most `limit`."""
     return list(JobEvent.objects.filter(job_id=job_id, seq__gt=after).order_by("seq")[:limit])
+
+
+def job_may_manage(*, user: Any, job: Job) -> bool:
+    """May `user` cancel or retry `job`? Its creator and staff may; a reviewer who sees it only
+    through a question may not."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return False
+    return bool(user.is_staff or (job.owner_id is not None and job.owner_id == user.pk))

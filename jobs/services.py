@@ -27,6 +27,8 @@ from jobs.registry import kind_get
 logger = logging.getLogger(__name__)
 
 Status = Job.Status
+# The statuses the owner's webhooks can be told about (see `webhooks`).
+WEBHOOK_STATUSES = frozenset({Status.COMPLETED, Status.FAILED, Status.PAUSED, Status.CANCELLED})
 
 
 def _sources_for(to: str) -> set[str]:
@@ -76,6 +78,11 @@ def job_transition(
                 raise JobNotFound(f"job {job_id} does not exist")
             raise InvalidTransition(f"job {job_id} is {current}; it cannot move to {to}")
         event_record(job=job, type="status", status=to, message=message)
+        if to in WEBHOOK_STATUSES and job.owner_id is not None:
+            from webhooks.services import webhook_deliveries_enqueue
+
+            # In this transaction: a committed status change always has its deliveries queued.
+            webhook_deliveries_enqueue(job=job, event=to)
         if dispatch:
             transaction.on_commit(lambda: job_dispatch(job=job, countdown=countdown), robust=True)
     return job

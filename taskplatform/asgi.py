@@ -13,13 +13,15 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from accounts.websocket import TokenAuthMiddleware, origin_checked  # noqa: E402
 from taskplatform.routing import websocket_urlpatterns  # noqa: E402
 
+# Session cookie first, then `?token=KEY` (which wins when given); a browser's Origin must be
+# one of ALLOWED_HOSTS.
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": origin_checked(AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))),
     }
 )

@@ -10,7 +10,8 @@ it started, pool children included, and exits 0.
 
 A deployment starts the same commands on its own (see docker-compose.yml); this module is only
 the local convenience around them. Settings: HOST, PORT, FLOWER_PORT, FLOWER_BASIC_AUTH,
-WORKER_CONCURRENCY, BEAT_SCHEDULE_FILE (see .env.example).
+WORKER_CONCURRENCY, BEAT_SCHEDULE_FILE (see .env.example); like the settings, it reads .env when
+present, real environment variables winning.
 """
 
 from __future__ import annotations
@@ -101,11 +102,6 @@ class Service:
     restarts: int = 0
     _pump: threading.Thread | None = field(default=None, repr=False)
 
-    @property
-    def pid(self) -> int | None:
-        """The pid of the running process (also its process group id), or None."""
-        return self.proc.pid if self.proc else None
-
     def start(self) -> None:
         """Start the command in a new session (so its own process group), output pumped to ours."""
         self.proc = subprocess.Popen(
@@ -143,8 +139,11 @@ class Service:
         return self.running() or (self.proc is not None and group_alive(self.proc.pid))
 
     def signal_group(self, signum: int) -> None:
-        """Send `signum` to every process in the service's process group."""
-        if self.proc is None:
+        """Send `signum` to every process in the service's process group.
+
+        Once the leader is reaped its pid may be reused, so an empty group is left alone.
+        """
+        if self.proc is None or not self.alive():
             return
         try:
             os.killpg(self.proc.pid, signum)
@@ -155,8 +154,8 @@ class Service:
         """Ask the service to stop.
 
         The leader gets SIGTERM first, so a Celery worker does its warm shutdown (its pool
-        children finish their tasks); should the leader be gone already, the rest of its group
-        gets SIGTERM.
+        children finish their tasks; a SIGTERM to the whole group would kill them mid-task);
+        should the leader be gone already, the rest of its group gets SIGTERM.
         """
         if self.running():
             assert self.proc is not None
@@ -164,8 +163,17 @@ class Service:
         else:
             self.signal_group(signal.SIGTERM)
 
+    def forget_exited(self) -> int:
+        """After the leader exited: SIGKILL what it left in its group, drop the process, return its code."""
+        assert self.proc is not None and self.proc.returncode is not None
+        code = self.proc.returncode
+        self.signal_group(signal.SIGKILL)  # e.g. the pool children of a killed Celery worker
+        self.join_output(timeout=0.5)
+        self.proc = None
+        return code
+
     def kill(self) -> None:
-        """SIGKILL the whole process group and reap the leader."""
+        """SIGKILL the whole process group (if anything is left in it) and reap the leader."""
         self.signal_group(signal.SIGKILL)
         if self.proc is not None:
             try:
@@ -351,16 +359,15 @@ def supervise(services: list[Service], stop: StopRequested, on_ready: Callable[[
     while not stop:
         now = time.monotonic()
         for service in services:
-            if service.proc is not None and service.restart_at is None and not service.running():
-                code = service.proc.returncode
-                uptime = now - service.started_at
-                service.signal_group(signal.SIGKILL)  # orphans of the dead leader
+            if service.proc is not None and not service.running():
+                pid, uptime = service.proc.pid, now - service.started_at
+                code = service.forget_exited()
                 service.backoff = BACKOFF_MIN if uptime >= STABLE_AFTER else service.backoff
                 service.restart_at = now + service.backoff
-                log(f"{service.name} (pid {service.proc.pid}) exited with code {code} after {uptime:.1f}s; "
+                log(f"{service.name} (pid {pid}) exited with code {code} after {uptime:.1f}s; "
                     f"restarting it in {service.backoff:g}s")
                 service.backoff = min(service.backoff * 2, BACKOFF_MAX)
-            elif service.restart_at is not None and now >= service.restart_at:
+            elif service.proc is None and service.restart_at is not None and now >= service.restart_at:
                 service.restarts += 1
                 log(f"restarting {service.name} (restart #{service.restarts})")
                 service.start()
@@ -392,8 +399,7 @@ def stop_all(services: list[Service], grace: float = STOP_GRACE) -> None:
     for service in services:
         if service.alive():
             log(f"{service.name} still running after {grace:g}s: SIGKILL to its process group")
-        # Always: SIGKILL to an empty group does nothing, and it reaps the leader.
-        service.kill()
+        service.kill()  # also reaps the leader; does nothing to an empty group
         service.join_output()
 
 

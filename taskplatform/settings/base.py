@@ -44,10 +44,12 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served locally
     "channels",
     "accounts",
     "jobs",
     "approvals",
+    "webhooks",
     "demo",
 ]
 
@@ -197,11 +199,13 @@ CELERY_BEAT_SCHEDULE: dict = {
 # --- Channels ---------------------------------------------------------------------------------
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # channels-redis with a connection pool that waits for a free connection rather than
+        # failing past 100 (a burst of reconnecting websockets); see taskplatform/channel_layer.py.
+        "BACKEND": "taskplatform.channel_layer.RedisChannelLayer",
         "CONFIG": {
             # redis-py 8's default socket_timeout (5 s) equals channels-redis's blocking-pop
             # timeout and kills idle websockets with 1011; give the socket more room.
-            "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "max_connections": 100, "timeout": 10}],
             "prefix": f"{REDIS_KEY_PREFIX}asgi",
             "capacity": 1000,
             "expiry": 60,
@@ -217,11 +221,56 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # Every error, the platform's and DRF's own, as {"code", "detail", "field"?}.
+    "EXCEPTION_HANDLER": "taskplatform.api.errors.api_exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "taskplatform.api.pagination.ApiPagination",
+    "PAGE_SIZE": 50,
+    # Per-token limits, counted in Redis (the cache below) so they hold across web processes.
+    "DEFAULT_THROTTLE_CLASSES": ["taskplatform.api.throttling.TokenRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"api": env.str("API_THROTTLE_RATE", default="6000/min") or None},
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "taskplatform API",
-    "DESCRIPTION": "Long-running background jobs with people in the loop.",
+    "DESCRIPTION": (
+        "Long-running background jobs with people in the loop. Authenticate with "
+        "`Authorization: Token <key>` (`python manage.py create_api_token USERNAME`) or a browser session. "
+        "Every error body is `{\"code\", \"detail\", \"field\"?}`."
+    ),
     "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI's files come from the drf-spectacular-sidecar package: the docs work offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "jobs.models.Job.Status",
+        "QuestionStatusEnum": "approvals.models.Question.Status",
+        "JobEventTypeEnum": "jobs.models.JobEvent.Type",
+        "WebhookEventEnum": "webhooks.models.Webhook.Event",
+    },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "taskplatform.api.schema.add_healthz",
+    ],
+}
+# Outgoing webhooks (the API's push side): timeout of one attempt, attempts before a delivery
+# fails for good, back-off base * 2**(attempt-1) seconds capped at max, and how often beat looks
+# for due retries.
+WEBHOOK_TIMEOUT = env.float("WEBHOOK_TIMEOUT", default=10.0)
+WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=8)
+WEBHOOK_RETRY_BASE = env.float("WEBHOOK_RETRY_BASE", default=10.0)
+WEBHOOK_RETRY_MAX = env.float("WEBHOOK_RETRY_MAX", default=3600.0)
+WEBHOOK_SWEEP_INTERVAL = env.float("WEBHOOK_SWEEP_INTERVAL", default=10.0)
+CELERY_BEAT_SCHEDULE["webhooks-send-due"] = {"task": "webhooks.send_due", "schedule": WEBHOOK_SWEEP_INTERVAL}
+# DRF's throttles count in Django's cache: Redis, so every web process shares the counts.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": REDIS_KEY_PREFIX,
+    }
 }
 
 # --- Logging ----------------------------------------------------------------------------------

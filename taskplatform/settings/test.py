@@ -18,3 +18,4 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS, "global_ke
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}asgi"  # noqa: F405
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testkinds"]  # noqa: F405
+CACHES["default"]["KEY_PREFIX"] = REDIS_KEY_PREFIX  # noqa: F405

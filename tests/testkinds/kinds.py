@@ -33,3 +33,15 @@ def refuse(ctx, input):
 def ask_changing(ctx, input):
     """Asks with a prompt taken from the input, to test changed questions."""
     return ctx.ask("q", input.get("prompt", "first"))
+
+
+@job_kind(
+    "test.progress_burst",
+    input_schema={"type": "object", "properties": {"reports": {"type": "integer", "minimum": 1}}},
+)
+def progress_burst(ctx, input):
+    """Reports progress in a tight loop, then returns: the coalescing must keep the last report."""
+    reports = input.get("reports", 1000)
+    for number in range(1, reports + 1):
+        ctx.progress(number / reports, f"report {number}")
+    return {"reports": reports}

@@ -1,0 +1,45 @@
+# One image for every process of the platform; docker-compose.yml picks the command:
+#   web     uvicorn taskplatform.asgi:application --host 0.0.0.0 --port 8000 (the default below)
+#   worker  celery -A taskplatform worker -l INFO
+#   beat    celery -A taskplatform beat -l INFO
+#   flower  celery -A taskplatform flower
+# Settings come from the environment (see .env.example); DJANGO_SECRET_KEY is required.
+
+# --- the source, without what a developer's checkout also holds --------------------------------
+FROM python:3.11-slim AS source
+WORKDIR /src
+COPY . .
+# A local virtualenv, the SQLite database, Redis data and a developer's .env must not end up in
+# the image (a .dockerignore would also keep them out of the build context).
+RUN rm -rf .venv var .env .git .pytest_cache .ruff_cache \
+    && find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# --- the image --------------------------------------------------------------------------------
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    DJANGO_SETTINGS_MODULE=taskplatform.settings.production
+
+WORKDIR /app
+
+# Dependencies first: this layer stays cached until requirements.txt changes.
+COPY requirements.txt .
+RUN pip install -r requirements.txt
+
+COPY --from=source /src .
+
+# Static files are collected at build time and served by whitenoise; collectstatic needs a
+# secret key to load the settings, not the real one.
+RUN DJANGO_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput \
+    && useradd --create-home --uid 1000 app \
+    && mkdir -p var \
+    && chown -R app:app var
+
+# Celery refuses to be comfortable as root, and nothing here needs it.
+USER app
+
+EXPOSE 8000 5555
+CMD ["uvicorn", "taskplatform.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--lifespan", "off"]

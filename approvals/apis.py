@@ -1,0 +1,81 @@
+"""The questions API: list, retrieve, answer.
+
+Reads go through `approvals.selectors` (a question the caller may not see is a 404); an answer
+goes through `approvals.services.question_answer`, the same function and permission check as
+the admin's answer form.
+"""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from approvals.models import Question
+from approvals.selectors import question_get_visible, questions_visible_to
+from approvals.serializers import AnswerSerializer, QuestionListQuerySerializer, QuestionSerializer
+from approvals.services import question_answer
+from taskplatform.api.errors import RETRY_AFTER, error_responses
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List the questions visible to the caller",
+        parameters=[QuestionListQuerySerializer, RETRY_AFTER],
+        responses={200: QuestionSerializer(many=True), **error_responses(400, 404)},
+    ),
+    retrieve=extend_schema(
+        summary="Get a question",
+        parameters=[RETRY_AFTER],
+        responses={200: QuestionSerializer, **error_responses(404)},
+    ),
+)
+class QuestionViewSet(viewsets.GenericViewSet):
+    """Questions: a reviewer sees those they may answer; a job's creator sees its questions;
+    staff see all."""
+
+    serializer_class = QuestionSerializer
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self) -> QuerySet[Question]:
+        return questions_visible_to(self.request.user).select_related("answered_by")
+
+    def list(self, request: Request) -> Response:
+        query = QuestionListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        questions = self.get_queryset()
+        if "status" in query.validated_data:
+            questions = questions.filter(status=query.validated_data["status"])
+        if "job" in query.validated_data:
+            questions = questions.filter(job_id=query.validated_data["job"])
+        page = self.paginate_queryset(questions.order_by("-created_at", "-pk"))
+        return self.get_paginated_response(QuestionSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(QuestionSerializer(question_get_visible(user=request.user, question_id=pk)).data)
+
+    @extend_schema(
+        operation_id="questions_answer",
+        summary="Answer an open question (the job resumes)",
+        description="400: the answer breaks the question's `schema` (`field` names where); 403: the caller may "
+        "not answer questions; 409: already answered (naming who) or no longer open.",
+        request=AnswerSerializer,
+        parameters=[RETRY_AFTER],
+        responses={200: QuestionSerializer, **error_responses(400, 403, 404, 409)},
+    )
+    @action(detail=True, methods=["post"])
+    def answer(self, request: Request, pk: str) -> Response:
+        question = question_get_visible(user=request.user, question_id=pk)
+        body = AnswerSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        question = question_answer(
+            question_id=question.pk,
+            user=request.user,
+            answer=body.validated_data["answer"],
+            comment=body.validated_data["comment"],
+            channel="api",
+        )
+        return Response(QuestionSerializer(question).data)

@@ -1,0 +1,1 @@
+"""Benchmarks of the platform (see bench/README.md); no part of the running platform."""

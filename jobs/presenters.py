@@ -1,0 +1,34 @@
+"""The JSON shape of a job as websocket clients and pages see it (the contract's job object).
+
+A plain function, shared by the consumers, the broadcast and the pages; the REST API's
+serializer produces the same shape.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from jobs.models import Job
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def job_as_dict(job: Job) -> dict[str, Any]:
+    """`id`, `kind`, `status`, `input`, `result`, `error`, `progress`, `attempts` and times."""
+    return {
+        "id": str(job.pk),
+        "kind": job.kind,
+        "status": job.status,
+        "input": job.input,
+        "result": job.result,
+        "error": job.error,
+        "progress": {"fraction": job.progress_fraction, "text": job.progress_text},
+        "attempts": job.attempts,
+        "created_at": _iso(job.created_at),
+        "updated_at": _iso(job.updated_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+    }

@@ -1,0 +1,147 @@
+/* Live job pages, no build step.
+ *
+ * [data-live-job]  follows /ws/jobs/{id}/?after=<last seq>: status, progress bar, timeline, and
+ *                  the panel (result, error, question form) re-fetched when the status changes.
+ * [data-live-feed] follows /ws/jobs/: the status of each listed job, new jobs on top.
+ *
+ * Both reconnect with exponential backoff (0.5 s doubling to 15 s, with jitter). A job page
+ * resumes from the last seq it showed, so after a reconnect it gets exactly what it missed.
+ */
+(function () {
+  "use strict";
+  var TERMINAL = ["completed", "failed", "cancelled"];
+
+  function socketUrl(path) {
+    return (location.protocol === "https:" ? "wss://" : "ws://") + location.host + path;
+  }
+
+  /* Open url(), pass each JSON message to onMessage; reopen after a close, backing off. */
+  function follow(url, onMessage, onState) {
+    var attempt = 0;
+    function open() {
+      var ws = new WebSocket(socketUrl(url()));
+      ws.onopen = function () { attempt = 0; onState("live"); };
+      ws.onmessage = function (e) { onMessage(JSON.parse(e.data)); };
+      ws.onclose = function (e) {
+        if (e.code === 4403) { onState("not allowed"); return; }
+        var delay = Math.min(15000, 500 * Math.pow(2, attempt++)) * (0.75 + Math.random() / 2);
+        onState("reconnecting in " + Math.round(delay / 100) / 10 + " s");
+        setTimeout(open, delay);
+      };
+    }
+    open();
+  }
+
+  function role(root, name) { return root.querySelector('[data-role="' + name + '"]'); }
+
+  function setStatus(el, status) {
+    if (!el) return;
+    el.textContent = status;
+    el.className = "status status-" + status;
+  }
+
+  function setProgress(root, fraction, text) {
+    var bar = role(root, "progress");
+    if (bar) bar.value = fraction;
+    var percent = role(root, "percent");
+    if (percent) percent.textContent = Math.round(fraction * 100) + "%";
+    var label = role(root, "progress-text");
+    if (label && text !== undefined) label.textContent = text;
+  }
+
+  function eventItem(event) {
+    var li = document.createElement("li");
+    li.className = "event event-" + event.type;
+    li.dataset.seq = event.seq;
+    var parts = [["seq", "#" + event.seq], ["time", (event.created_at || "").slice(11, 23)], ["type", event.type]];
+    if (event.step) parts.push(["step", event.step]);
+    if (event.status) parts.push(["estatus", event.status]);
+    var msg = event.message && Object.keys(event.message).length ? JSON.stringify(event.message) : "";
+    if (msg) parts.push(["code", msg]);
+    parts.forEach(function (p) {
+      var el = document.createElement(p[0] === "time" || p[0] === "code" ? p[0] : "span");
+      if (p[0] !== "time" && p[0] !== "code") el.className = p[0];
+      el.textContent = p[1];
+      li.appendChild(el);
+      li.appendChild(document.createTextNode(" "));
+    });
+    return li;
+  }
+
+  function liveJob(root) {
+    var lastSeq = parseInt(root.dataset.lastSeq || "0", 10);
+    var panelUrl = root.dataset.panelUrl;
+    var timeline = role(root, "timeline");
+    var refreshing = null;
+
+    function refreshPanel() { // coalesce bursts of status changes into one fetch
+      if (refreshing) return;
+      refreshing = setTimeout(function () {
+        refreshing = null;
+        fetch(panelUrl, {credentials: "same-origin"}).then(function (r) { return r.ok ? r.text() : null; })
+          .then(function (html) { if (html !== null) role(root, "panel").innerHTML = html; });
+      }, 50);
+    }
+
+    function onEvent(event) {
+      if (event.seq <= lastSeq) return; // already shown
+      lastSeq = event.seq;
+      root.dataset.lastSeq = lastSeq;
+      if (timeline) {
+        timeline.appendChild(eventItem(event));
+        timeline.scrollTop = timeline.scrollHeight;
+      }
+      if (event.type === "progress") setProgress(root, event.message.fraction, event.message.text);
+      if (event.type === "status") {
+        setStatus(role(root, "status"), event.status);
+        if (event.status === "completed") setProgress(root, 1);
+        refreshPanel();
+      }
+      if (event.type === "question") refreshPanel();
+    }
+
+    follow(function () { return "/ws/jobs/" + root.dataset.liveJob + "/?after=" + lastSeq; }, function (msg) {
+      if (msg.type === "snapshot") {
+        setStatus(role(root, "status"), msg.job.status);
+        if (msg.last_seq <= lastSeq) setProgress(root, msg.job.progress.fraction, msg.job.progress.text);
+      } else if (msg.type === "event") {
+        onEvent(msg.event);
+      }
+    }, function (state) { var c = role(root, "connection"); if (c) c.textContent = state; });
+  }
+
+  function liveFeed(table) {
+    var body = table.tBodies[0];
+    var detailUrl = table.dataset.detailUrl;
+    follow(function () { return table.dataset.liveFeed; }, function (msg) {
+      if (msg.type !== "job") return;
+      var job = msg.job;
+      var row = body.querySelector('tr[data-job-id="' + job.id + '"]');
+      if (!row) {
+        var empty = body.querySelector("tr.empty");
+        if (empty) empty.remove();
+        row = document.createElement("tr");
+        row.dataset.jobId = job.id;
+        var link = '<a href="' + detailUrl.replace("00000000-0000-0000-0000-000000000000", job.id) + '"><code>' +
+          job.id.slice(0, 8) + "</code></a>";
+        row.innerHTML = "<td>" + link + "</td><td></td><td><span data-role=\"status\"></span></td>" +
+          '<td><progress max="1" data-role="progress"></progress></td><td data-role="attempts"></td>' +
+          "<td><time></time></td>";
+        row.children[1].textContent = job.kind;
+        row.querySelector("time").textContent = job.created_at.slice(0, 19).replace("T", " ");
+        body.insertBefore(row, body.firstChild);
+      }
+      setStatus(role(row, "status"), job.status);
+      role(row, "progress").value = job.progress.fraction;
+      role(row, "attempts").textContent = job.attempts;
+    }, function (state) { var c = document.getElementById("feed-connection"); if (c) c.textContent = state; });
+  }
+
+  function start() {
+    document.querySelectorAll("[data-live-job]").forEach(liveJob);
+    document.querySelectorAll("[data-live-feed]").forEach(liveFeed);
+  }
+  window.taskplatformLive = {follow: follow, TERMINAL: TERMINAL};
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

@@ -1,0 +1,1 @@
+"""The HTTP API's shared parts: error handling, pagination, throttling, schema and URLs."""

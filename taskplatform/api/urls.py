@@ -1,0 +1,21 @@
+"""The API's routes, included under `api/` by `taskplatform.urls`."""
+
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
+
+from approvals.apis import QuestionViewSet
+from jobs.apis import JobKindListApi, JobViewSet
+from webhooks.apis import WebhookViewSet
+
+router = SimpleRouter()
+router.register("jobs", JobViewSet, basename="job")
+router.register("questions", QuestionViewSet, basename="question")
+router.register("webhooks", WebhookViewSet, basename="webhook")
+
+urlpatterns = [
+    path("job-kinds/", JobKindListApi.as_view(), name="job-kind-list"),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    *router.urls,
+]

@@ -1,0 +1,74 @@
+"""Fixtures for the live-progress tests: a real ASGI server, sessions and tokens for clients."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from django.conf import settings
+from django.test import Client
+
+from accounts.services import api_token_create
+from tests.support.processes import ManagedProcess, child_env, wait_until
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def asgi_server(*, port: int | None = None, workers: int = 1) -> ManagedProcess:
+    """uvicorn serving `taskplatform.asgi:application` on the test database and Redis."""
+    port = port or free_port()
+    argv = [
+        str(VENV_BIN / "uvicorn"), "taskplatform.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+        "--lifespan", "off", "--workers", str(workers), "--log-level", "warning",
+    ]
+    process = ManagedProcess("uvicorn", argv, child_env())
+    process.url = f"http://127.0.0.1:{port}"
+    return process
+
+
+def wait_until_serving(url: str, timeout: float = 30.0) -> None:
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=2).status_code in (200, 503)
+        except httpx.HTTPError:
+            return False
+
+    wait_until(answers, timeout=timeout, interval=0.1, message=f"the ASGI server at {url} did not answer")
+
+
+@pytest.fixture(scope="session")
+def live_asgi(django_db_setup, django_db_blocker):
+    """One uvicorn process for the session."""
+    server = asgi_server().start()
+    wait_until_serving(server.url)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(live_asgi, transactional_db) -> str:
+    """The base URL of a running ASGI server for a test whose rows it must see."""
+    if live_asgi.proc.poll() is not None:
+        live_asgi.start()
+        wait_until_serving(live_asgi.url)
+    return live_asgi.url
+
+
+def session_cookie(user) -> str:
+    """A logged-in session for `user`, as the value of a Cookie header."""
+    client = Client()
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+def token_for(user) -> str:
+    return api_token_create(user=user, name="test")[1]

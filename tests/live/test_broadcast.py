@@ -1,0 +1,137 @@
+"""The per-process publisher: one loop thread and one channel layer, never blocking, after commit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from unittest import mock
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from jobs import broadcast
+from jobs.broadcast import FEED_GROUP, job_group, publish, publisher
+from jobs.events import event_append
+from jobs.services import job_submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def no_dispatch():
+    with mock.patch("jobs.services.job_dispatch"):
+        yield
+
+
+def member_of(group: str) -> str:
+    """A channel in `group`, made with the default layer (as a consumer would)."""
+
+    async def join():
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(group, channel)
+        return channel
+
+    return async_to_sync(join)()
+
+
+def received(channel: str, count: int, timeout: float = 5) -> list[dict]:
+    async def take():
+        layer = get_channel_layer()
+        return [await asyncio.wait_for(layer.receive(channel), timeout) for _ in range(count)]
+
+    return async_to_sync(take)()
+
+
+def publisher_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "job-event-publisher"]
+
+
+def test_many_publishes_share_one_loop_thread_and_one_layer_and_keep_their_order():
+    channel = member_of("bench.order")
+    first = publisher()
+    for number in range(200):
+        publish("bench.order", {"type": "test.message", "number": number})
+    assert publisher() is first and len(publisher_threads()) == 1
+    assert first.flush(5)
+    assert [message["number"] for message in received(channel, 200)] == list(range(200))
+    assert list(first.layer._layers) == [first.loop]  # one set of Redis connections
+
+
+def test_publish_returns_at_once_even_when_redis_is_slow():
+    slow_sends = []
+
+    async def slow_send(group, message):
+        await asyncio.sleep(0.05)  # every send waits; the caller must not
+        slow_sends.append(message)
+
+    with mock.patch.object(publisher().layer, "group_send", slow_send):
+        started = time.monotonic()
+        for number in range(20):
+            publish("bench.slow", {"type": "test.message", "number": number})
+        assert time.monotonic() - started < 0.1
+        assert publisher().flush(15)
+    assert [message["number"] for message in slow_sends] == list(range(20))
+
+
+def test_publish_does_not_block_an_event_loop():
+    channel = member_of("bench.async")
+
+    async def from_a_coroutine():
+        started = time.monotonic()
+        publish("bench.async", {"type": "test.message"})
+        return time.monotonic() - started
+
+    assert async_to_sync(from_a_coroutine)() < 0.05
+    assert received(channel, 1)[0]["type"] == "test.message"
+
+
+def test_a_failed_push_never_fails_the_write(caplog):
+    job, _ = job_submit(kind="demo.noop", input={})
+
+    async def broken(group, message):
+        raise ConnectionError("redis is down")
+
+    with mock.patch.object(publisher().layer, "group_send", broken), caplog.at_level(logging.WARNING):
+        event = event_append(job_id=job.pk, type="log", status="info", message={"text": "still written"})
+        assert publisher().flush(5)
+    assert event.seq == 2 and job.events.count() == 2
+    assert "redis is down" in caplog.text
+
+
+def test_events_go_to_the_job_group_and_status_changes_to_the_feed():
+    job, _ = job_submit(kind="demo.noop", input={})
+    job_channel, feed_channel = member_of(job_group(job.pk)), member_of(FEED_GROUP)
+    event_append(job_id=job.pk, type="log", status="info", message={"text": "hello"})
+    from jobs.services import job_cancel
+
+    job_cancel(job_id=job.pk)
+    assert publisher().flush(5)
+    pushed = received(job_channel, 2)
+    assert [(m["type"], m["event"]["seq"], m["event"]["type"]) for m in pushed] == [
+        ("job.event", 2, "log"), ("job.event", 3, "status")]
+    (feed,) = received(feed_channel, 1)
+    assert feed["type"] == "job.status" and feed["job"]["id"] == str(job.pk) and feed["job"]["status"] == "cancelled"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_publishes_through_its_own_loop():
+    channel = member_of("bench.fork")
+    parent = publisher()
+    pid = os.fork()
+    if pid == 0:  # the child, as a Celery prefork child would be
+        code = 1
+        try:
+            child = publisher()
+            publish("bench.fork", {"type": "test.message", "pid": os.getpid()})
+            code = 0 if child is not parent and child.pid == os.getpid() and child.flush(5) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert received(channel, 1)[0]["pid"] == pid
+    assert publisher() is parent and broadcast._publisher is parent

@@ -1,0 +1,125 @@
+"""`make run`'s supervisor, for real: it starts the platform, restarts a killed worker, and on
+SIGTERM stops every process it started (Celery's pool children included)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import uuid
+
+import httpx
+import psutil
+import pytest
+
+from tests.support.processes import ManagedProcess, child_env, wait_until
+
+pytestmark = [pytest.mark.worker, pytest.mark.timeout(300)]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def answers(url: str, status: int, **kwargs) -> bool:
+    try:
+        return httpx.get(url, timeout=2, **kwargs).status_code == status
+    except httpx.HTTPError:
+        return False
+
+
+def still_running(proc: psutil.Process) -> bool:
+    """True for a process that exists and is not a zombie waiting to be reaped."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def service_leader(supervisor: psutil.Process, command: str) -> psutil.Process | None:
+    """The supervisor's child running `celery ... <command>` (worker, beat, flower)."""
+    for child in supervisor.children():
+        try:
+            if command in child.cmdline()[1:]:
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def kill_tree(processes: list[psutil.Process]) -> None:
+    for proc in processes:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_path):
+    port, flower_port = free_port(), free_port()
+    env = child_env(
+        HOST="127.0.0.1",
+        PORT=str(port),
+        FLOWER_PORT=str(flower_port),
+        REDIS_KEY_PREFIX=f"test-supervisor-{uuid.uuid4().hex[:8]}:",
+        WORKER_CONCURRENCY="2",
+        # Not the shared var/ schedule: a `make run` beside the tests would fight over it.
+        BEAT_SCHEDULE_FILE=str(tmp_path / "celerybeat-schedule"),
+    )
+    env.pop("FLOWER_BASIC_AUTH", None)  # the `make run` default: admin:admin
+    supervisor = ManagedProcess("supervisor", [sys.executable, "-m", "taskplatform.supervisor"], env)
+    supervisor.start()
+    assert supervisor.proc is not None
+    sup = psutil.Process(supervisor.proc.pid)
+    seen: list[psutil.Process] = []
+    try:
+        base = f"http://127.0.0.1:{port}"
+        flower = f"http://127.0.0.1:{flower_port}/"
+        wait_until(lambda: answers(f"{base}/healthz", 200), timeout=120,
+                   message=f"/healthz never answered 200:\n{supervisor.output[-4000:]}")
+        wait_until(lambda: answers(flower, 401), timeout=60,
+                   message=f"Flower never asked for credentials:\n{supervisor.output[-4000:]}")
+        assert answers(flower, 200, auth=("admin", "admin"), follow_redirects=True)
+        supervisor.wait_for_output("taskplatform is running", timeout=30)
+        assert f"{base}/healthz" in supervisor.output
+        assert f"{base}/admin/" in supervisor.output
+        assert f"{flower}  (admin / admin)" in supervisor.output
+
+        # Kill the worker (not its pool): the supervisor clears its orphans and starts a new one.
+        supervisor.wait_for_output("ready.", timeout=120)
+        worker = service_leader(sup, "worker")
+        assert worker is not None, [child.cmdline() for child in sup.children()]
+        pool = worker.children()
+        assert pool, "the worker has no pool processes"
+        seen += [worker, *pool]
+        os.kill(worker.pid, signal.SIGKILL)
+        supervisor.wait_for_output(f"worker (pid {worker.pid}) exited with code -9", timeout=10)
+        supervisor.wait_for_output("restarting worker", timeout=30)
+        restarted = wait_until(
+            lambda: (leader := service_leader(sup, "worker")) and leader.pid != worker.pid and leader,
+            timeout=30, message="no new worker process",
+        )
+        wait_until(lambda: sum("ready." in line for line in supervisor.lines) >= 2, timeout=120,
+                   message=f"the restarted worker never got ready:\n{supervisor.output[-4000:]}")
+        assert restarted.is_running()
+        assert not [proc for proc in pool if still_running(proc)], "the killed worker's pool outlived it"
+
+        # SIGTERM: everything it started goes, within 20 s, and it exits 0.
+        tree = sup.children(recursive=True)
+        seen += tree
+        assert len([p for p in tree if p.ppid() == sup.pid]) == 4, [p.cmdline() for p in tree]
+        supervisor.proc.send_signal(signal.SIGTERM)
+        assert supervisor.proc.wait(timeout=20) == 0, supervisor.output[-4000:]
+        # A zombie reparented to init is already dead; give init a moment to reap it anyway.
+        wait_until(lambda: not [proc for proc in tree if still_running(proc)], timeout=5,
+                   message=f"left behind: {[proc.pid for proc in tree if still_running(proc)]}")
+        assert "supervisor| stopped" in supervisor.output
+    finally:
+        if supervisor.proc.poll() is None:
+            seen += sup.children(recursive=True)
+            supervisor.kill()
+        kill_tree(seen)

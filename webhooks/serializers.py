@@ -1,0 +1,60 @@
+"""The API's shapes of webhooks and their deliveries."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from jobs.serializers import JSONObjectField
+from webhooks.models import Webhook, WebhookDelivery
+
+
+class WebhookSerializer(serializers.ModelSerializer):
+    """A registered webhook (its secret is shown only in the answer that made it)."""
+
+    events = serializers.ListField(child=serializers.ChoiceField(choices=Webhook.Event.choices), read_only=True)
+
+    class Meta:
+        model = Webhook
+        fields = ["id", "url", "events", "is_active", "created_at"]
+        read_only_fields = fields
+
+
+class WebhookCreatedSerializer(WebhookSerializer):
+    """A new webhook, with the secret that signs its deliveries: keep it, it is not shown again."""
+
+    secret = serializers.CharField(read_only=True, help_text="HMAC-SHA256 key of `X-Webhook-Signature`.")
+
+    class Meta(WebhookSerializer.Meta):
+        fields = [*WebhookSerializer.Meta.fields, "secret"]
+        read_only_fields = fields
+
+
+class WebhookCreateSerializer(serializers.Serializer):
+    """The body of `POST /api/webhooks/`."""
+
+    url = serializers.URLField(max_length=2000, help_text="An http(s) URL that accepts POSTed JSON.")
+    events = serializers.ListField(
+        child=serializers.ChoiceField(choices=Webhook.Event.choices),
+        min_length=1,
+        help_text="The job statuses to be told about.",
+    )
+
+    def validate_url(self, value: str) -> str:
+        if not value.lower().startswith(("http://", "https://")):
+            raise serializers.ValidationError("must be an http or https URL")
+        return value
+
+
+class WebhookDeliverySerializer(serializers.ModelSerializer):
+    """One delivery: what was sent, and how it went."""
+
+    job = serializers.UUIDField(source="job_id", read_only=True)
+    payload = JSONObjectField(read_only=True)
+
+    class Meta:
+        model = WebhookDelivery
+        fields = [
+            "id", "job", "event", "status", "attempts", "response_status", "last_error", "next_attempt_at",
+            "created_at", "delivered_at", "payload",
+        ]
+        read_only_fields = fields

@@ -1,0 +1,187 @@
+"""Every write to webhooks and their deliveries goes through here.
+
+A delivery is a row first: it is inserted in the transaction that moves the job into the status
+it reports (an outbox), so a committed status change always has its deliveries and a rolled-back
+one never does. Sending happens after the commit, one attempt per claim, retried with back-off
+from the database's due times (not from long Celery countdowns).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import random
+import secrets
+import time
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from rest_framework.renderers import JSONRenderer
+
+from jobs.errors import InvalidInput
+from jobs.models import Job
+from webhooks.models import Webhook, WebhookDelivery
+
+logger = logging.getLogger(__name__)
+
+EVENTS = frozenset(Webhook.Event.values)
+SIGNATURE_HEADER = "X-Webhook-Signature"
+TIMESTAMP_HEADER = "X-Webhook-Timestamp"
+# A claimed attempt holds its delivery this long, so the sweep never sends it a second time
+# while the first is still waiting for an answer.
+CLAIM_LEASE_SECONDS = 120
+
+
+def webhook_create(*, owner: Any, url: str, events: list[str]) -> Webhook:
+    """Register `url` for `owner`'s jobs' `events`; the returned webhook carries its new secret."""
+    unknown = sorted(set(events) - EVENTS)
+    if unknown or not events:
+        raise InvalidInput(
+            f"events: {', '.join(unknown) or 'none given'}; choose from {', '.join(sorted(EVENTS))}", field="events"
+        )
+    return Webhook.objects.create(
+        owner=owner, url=url, events=sorted(set(events)), secret=secrets.token_hex(32)
+    )
+
+
+def webhook_delete(*, webhook: Webhook) -> None:
+    """Remove a webhook and its delivery log."""
+    webhook.delete()
+
+
+def webhook_sign(*, secret: str, timestamp: int, body: bytes) -> str:
+    """`sha256=` and the hex HMAC-SHA256, keyed by `secret`, of `"{timestamp}." + body`.
+
+    A receiver recomputes it over the raw body and the `X-Webhook-Timestamp` header, compares in
+    constant time, and refuses old timestamps (a replay)."""
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+def _job_payload(job: Job) -> dict[str, Any]:
+    from jobs.serializers import JobSerializer
+
+    return json.loads(JSONRenderer().render(JobSerializer(job).data))
+
+
+def webhook_deliveries_enqueue(*, job: Job, event: str) -> list[WebhookDelivery]:
+    """Queue a delivery of `event` about `job` for each of its owner's webhooks that want it.
+
+    Precondition: the caller is in the transaction that moved the job into `event`; the first
+    attempts are sent once it commits.
+    """
+    if job.owner_id is None or event not in EVENTS:
+        return []
+    hooks = [hook for hook in Webhook.objects.filter(owner_id=job.owner_id, is_active=True) if event in hook.events]
+    if not hooks:
+        return []
+    now = timezone.now()
+    payload = {"event": f"job.{event}", "created_at": now.isoformat(), "job": _job_payload(job)}
+    deliveries = WebhookDelivery.objects.bulk_create(
+        [
+            WebhookDelivery(webhook=hook, job_id=job.pk, event=event, payload=payload, next_attempt_at=now)
+            for hook in hooks
+        ]
+    )
+    ids = [str(delivery.pk) for delivery in deliveries]
+    transaction.on_commit(lambda: _send_tasks(ids), robust=True)
+    return deliveries
+
+
+def _send_tasks(ids: list[str]) -> None:
+    from webhooks.tasks import webhook_deliver_task
+
+    for delivery_id in ids:
+        webhook_deliver_task.delay(delivery_id)
+
+
+def delivery_retry_delay(attempt: int) -> float:
+    """Seconds before attempt `attempt + 1`: exponential from WEBHOOK_RETRY_BASE, capped, with jitter."""
+    ceiling = min(settings.WEBHOOK_RETRY_MAX, settings.WEBHOOK_RETRY_BASE * 2 ** max(attempt - 1, 0))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+def webhook_deliver(*, delivery_id: Any) -> str:
+    """Make one attempt at a due, pending delivery; return its status afterwards ("skipped" when
+    it was not due or another process holds it).
+
+    2xx is delivered. Anything else (another status, a timeout, a refused connection) is logged on
+    the row and retried after `delivery_retry_delay`, until WEBHOOK_MAX_ATTEMPTS, then failed.
+    Redirects are not followed.
+    """
+    now = timezone.now()
+    claimed = WebhookDelivery.objects.filter(
+        pk=delivery_id, status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=now
+    ).update(attempts=F("attempts") + 1, next_attempt_at=now + timedelta(seconds=CLAIM_LEASE_SECONDS))
+    if not claimed:
+        return "skipped"
+    delivery = WebhookDelivery.objects.select_related("webhook").get(pk=delivery_id)
+    hook = delivery.webhook
+    if not hook.is_active:
+        return _record(delivery, status_code=None, error="the webhook was disabled", final=True)
+
+    body = json.dumps({"id": str(delivery.pk), **delivery.payload}, separators=(",", ":")).encode()
+    timestamp = int(time.time())
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "taskplatform-webhooks",
+        "X-Webhook-Event": f"job.{delivery.event}",
+        "X-Webhook-Delivery": str(delivery.pk),
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: webhook_sign(secret=hook.secret, timestamp=timestamp, body=body),
+    }
+    try:
+        response = httpx.post(hook.url, content=body, headers=headers, timeout=settings.WEBHOOK_TIMEOUT,
+                              follow_redirects=False)
+    except httpx.HTTPError as exc:
+        return _record(delivery, status_code=None, error=f"{type(exc).__name__}: {exc}"[:2000])
+    if 200 <= response.status_code < 300:
+        return _record(delivery, status_code=response.status_code, error="")
+    return _record(delivery, status_code=response.status_code, error=f"HTTP {response.status_code}: "
+                   f"{response.text[:500]}")
+
+
+def _record(delivery: WebhookDelivery, *, status_code: int | None, error: str, final: bool = False) -> str:
+    now = timezone.now()
+    fields: dict[str, Any] = {"response_status": status_code, "last_error": error}
+    if not error:
+        fields["status"], fields["delivered_at"] = WebhookDelivery.Status.DELIVERED, now
+    elif final or delivery.attempts >= settings.WEBHOOK_MAX_ATTEMPTS:
+        fields["status"] = WebhookDelivery.Status.FAILED
+        logger.warning("webhook delivery %s failed for good after %d attempt(s): %s", delivery.pk,
+                       delivery.attempts, error)
+    else:
+        fields["next_attempt_at"] = now + timedelta(seconds=delivery_retry_delay(delivery.attempts))
+    WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDelivery.Status.PENDING).update(**fields)
+    return fields.get("status", WebhookDelivery.Status.PENDING)
+
+
+def webhook_deliveries_send_due(*, limit: int = 500) -> int:
+    """Send a task for each pending delivery that is due (a retry, or a first attempt whose task
+    was lost). Run by beat; returns how many were sent."""
+    from webhooks.tasks import webhook_deliver_task
+
+    due = list(
+        WebhookDelivery.objects.filter(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=timezone.now())
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    for delivery_id in due:
+        webhook_deliver_task.delay(str(delivery_id))
+    return len(due)
+
+
+def webhook_delivery_retry_now(*, delivery: WebhookDelivery) -> None:
+    """Make a delivery (even a failed one) due again at once, with one more attempt allowed."""
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(
+        status=WebhookDelivery.Status.PENDING,
+        next_attempt_at=timezone.now(),
+        attempts=min(delivery.attempts, settings.WEBHOOK_MAX_ATTEMPTS - 1),
+    )

@@ -8,6 +8,9 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.base")
+# Sync views run in threads here: share a pool of PostgreSQL connections between them
+# (see settings/base.py; no effect on SQLite). Set DATABASE_POOL=false to opt out.
+os.environ.setdefault("DATABASE_POOL", "true")
 # Django must be set up before anything imports models (the websocket routes do).
 django_asgi_app = get_asgi_application()
 

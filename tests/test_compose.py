@@ -118,7 +118,9 @@ def test_env_example_lists_every_setting():
         read |= set(re.findall(r"\bos\.environ(?:\.get\(|\[)\s*[\"'](\w+)[\"']", text))
     assert {"DATABASE_URL", "REDIS_URL", "HOST", "FLOWER_BASIC_AUTH"} <= read  # the scan itself works
     example = (BASE_DIR / ".env.example").read_text()
-    listed = set(re.findall(r"^#?\s*(\w+)=", example, re.MULTILINE))
+    names = re.findall(r"^#?\s*(\w+)=", example, re.MULTILINE)
+    listed = set(names)
+    assert len(names) == len(listed), f"listed twice: {sorted({n for n in names if names.count(n) > 1})}"
     assert not read - listed, f"missing from .env.example: {sorted(read - listed)}"
 
 

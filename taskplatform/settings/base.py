@@ -79,6 +79,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # `questions_waiting`: the admin index's count of questions waiting for the user.
+                "approvals.context_processors.questions_waiting",
             ],
         },
     },
@@ -98,10 +100,22 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     # Tests with a real worker process need a file both processes can open, not :memory:.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+elif env.bool("DATABASE_POOL", default=False):
+    # The ASGI server (taskplatform/asgi.py turns this on) runs each sync view in a thread of
+    # its own, so a persistent connection per thread would leak connections until PostgreSQL
+    # refuses more; a pool shared by the threads bounds them. Django requires CONN_MAX_AGE 0.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {
+            "min_size": env.int("DATABASE_POOL_MIN", default=2),
+            "max_size": env.int("DATABASE_POOL_MAX", default=10),
+            "timeout": 10,
+        }
+    }
 else:
-    # Keep connections open between requests and tasks; check them before reuse so a
-    # restarted PostgreSQL costs one failed check, not a failed request.
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+    # Workers and commands keep one connection open between tasks; it is checked before reuse
+    # so a restarted PostgreSQL costs one failed check, not a failed job.
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=600)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -191,6 +205,12 @@ CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=None)
 # Long-lived prefork children leak memory in real job code; recycle them now and then.
 CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("WORKER_MAX_TASKS_PER_CHILD", default=1000)
 CELERY_TASK_DEFAULT_QUEUE = "jobs"
+# Celery's Django fix-up closes the database connection before and after every task unless
+# this is set: a new PostgreSQL connection per job cost more than the job itself. Connections
+# are still recycled after this many tasks, and Django's own checks (CONN_MAX_AGE, health
+# checks, closing after an error) run around each task (taskplatform/celery.py).
+# https://docs.celeryq.dev/en/stable/django/first-steps-with-django.html
+CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict = {
     "jobs-reconcile": {"task": "jobs.reconcile", "schedule": JOBS_RECONCILE_INTERVAL},
@@ -264,6 +284,35 @@ WEBHOOK_RETRY_BASE = env.float("WEBHOOK_RETRY_BASE", default=10.0)
 WEBHOOK_RETRY_MAX = env.float("WEBHOOK_RETRY_MAX", default=3600.0)
 WEBHOOK_SWEEP_INTERVAL = env.float("WEBHOOK_SWEEP_INTERVAL", default=10.0)
 CELERY_BEAT_SCHEDULE["webhooks-send-due"] = {"task": "webhooks.send_due", "schedule": WEBHOOK_SWEEP_INTERVAL}
+
+# --- Questions to reviewers (approvals) --------------------------------------------------------
+# Who is asked when a job's `ctx.ask` names nobody: usernames and "group:name"s.
+APPROVALS_DEFAULT_ASSIGNEES = env.list("APPROVALS_DEFAULT_ASSIGNEES", default=["group:reviewers"])
+# Seconds between two looks (Celery beat) for questions past their deadline: a deadline's
+# policy (default answer, fail, cancel, escalate) applies within one such interval.
+APPROVALS_DEADLINE_INTERVAL = env.float("APPROVALS_DEADLINE_INTERVAL", default=10.0)
+CELERY_BEAT_SCHEDULE["approvals-enforce-deadlines"] = {
+    "task": "approvals.enforce_deadlines",
+    "schedule": APPROVALS_DEADLINE_INTERVAL,
+}
+# The decision ledger records the client's address: REMOTE_ADDR, or the first X-Forwarded-For
+# address when this says a proxy in front of the platform sets that header (else anyone could
+# write any address into the ledger).
+APPROVALS_TRUST_X_FORWARDED_FOR = env.bool("APPROVALS_TRUST_X_FORWARDED_FOR", default=False)
+# HMAC-SHA256 key of the webhooks a job kind names (`notify_webhook`) for its questions; empty:
+# those webhooks are not sent.
+APPROVALS_WEBHOOK_SECRET = env.str("APPROVALS_WEBHOOK_SECRET", default="")
+
+# --- E-mail -----------------------------------------------------------------------------------
+# Reviewers are e-mailed when a question waits for them. The console backend (the default, and
+# under `make run`) prints each message in the worker's output.
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="taskplatform@localhost")
 # DRF's throttles count in Django's cache: Redis, so every web process shares the counts.
 CACHES = {
     "default": {

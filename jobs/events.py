@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from jobs.broadcast import event_publish
@@ -47,21 +47,70 @@ def event_record(
     return event
 
 
+_EVENT_COLUMNS = ["job_id", "seq", "type", "step", "status", "message", "created_at"]
+
+
+def _event_params(event: JobEvent, names: list[str], connection) -> list:
+    return [JobEvent._meta.get_field(name).get_db_prep_save(getattr(event, name), connection) for name in names]
+
+
+def _event_insert_prefix(connection) -> str:
+    columns = ", ".join(connection.ops.quote_name(JobEvent._meta.get_field(n).column) for n in _EVENT_COLUMNS)
+    return f"INSERT INTO {connection.ops.quote_name(JobEvent._meta.db_table)} ({columns})"
+
+
+def _event_saved(event: JobEvent, pk: int) -> None:
+    event.pk = pk
+    event._state.adding = False
+    event._state.db = JobEvent.objects.db
+
+
 def _event_insert(event: JobEvent) -> None:
     """INSERT one event row directly: Model.save's machinery cost more than the statement on
     this hot path (several events per job). Fills in `event.pk`."""
     connection = connections[JobEvent.objects.db]
-    names = ["job_id", "seq", "type", "step", "status", "message", "created_at"]
-    fields = [JobEvent._meta.get_field(name) for name in names]
-    params = [field.get_db_prep_save(getattr(event, field.attname), connection) for field in fields]
-    table = connection.ops.quote_name(JobEvent._meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
-    placeholders = ", ".join(["%s"] * len(fields))
+    placeholders = ", ".join(["%s"] * len(_EVENT_COLUMNS))
     with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) RETURNING id", params)
-        event.pk = cursor.fetchone()[0]
-    event._state.adding = False
-    event._state.db = JobEvent.objects.db
+        cursor.execute(
+            f"{_event_insert_prefix(connection)} VALUES ({placeholders}) RETURNING id",
+            _event_params(event, _EVENT_COLUMNS, connection),
+        )
+        _event_saved(event, cursor.fetchone()[0])
+
+
+def job_update_with_event(
+    *, rows: QuerySet[Job], fields: dict[str, Any], type: str, step: str = "", status: str = "",
+    message: dict | None = None,
+) -> tuple[Job, JobEvent] | None:
+    """Update the one job `rows` selects and append its event, numbered by the updated
+    `event_seq`; publish the event once the transaction commits. Returns both rows, or None
+    when no job matched.
+
+    Precondition: the caller holds a transaction, and `fields` bumps `event_seq`. On
+    PostgreSQL the update and the insert are one statement (a data-modifying CTE): this is the
+    path every status change and every progress report takes.
+    """
+    event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=timezone.now())
+    connection = connections[rows.db]
+    if connection.vendor == "postgresql":
+        tail = ["type", "step", "status", "message", "created_at"]
+        insert = (
+            f"{_event_insert_prefix(connection)} SELECT j.id, j.event_seq, {', '.join(['%s'] * len(tail))} FROM j",
+            _event_params(event, tail, connection),
+        )
+        job = rows.update_returning(then_insert=insert, **fields)
+        if job is None:
+            return None
+        event.job_id, event.seq = job.pk, job.event_seq
+        _event_saved(event, job._inserted_id)
+    else:
+        job = rows.update_returning(**fields)
+        if job is None:
+            return None
+        event.job_id, event.seq = job.pk, job.event_seq
+        _event_insert(event)
+    transaction.on_commit(partial(event_publish, job=job, event=event), robust=True)
+    return job, event
 
 
 def event_append(
@@ -84,9 +133,10 @@ def event_append(
         rows = Job.objects.filter(pk=job_id)
         if run_attempt is not None:
             rows = rows.filter(status=Job.Status.PROCESSING, attempts=run_attempt)
-        job = rows.update_returning(event_seq=F("event_seq") + 1, updated_at=timezone.now(), **(fields or {}))
-        if job is None:
+        values = {"event_seq": F("event_seq") + 1, "updated_at": timezone.now(), **(fields or {})}
+        written = job_update_with_event(rows=rows, fields=values, type=type, step=step, status=status, message=message)
+        if written is None:
             if run_attempt is not None:
                 raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}")
             raise JobNotFound(f"job {job_id} does not exist")
-        return event_record(job=job, type=type, step=step, status=status, message=message)
+        return written[1]

@@ -15,13 +15,17 @@ from django.db.models.sql import UpdateQuery
 
 
 class JobQuerySet(models.QuerySet):
-    def update_returning(self, **fields: Any) -> Job | None:
+    def update_returning(self, *, then_insert: tuple[str, list] | None = None, **fields: Any) -> Job | None:
         """Run one `UPDATE … WHERE … RETURNING *` and return the updated row, or None.
 
         This is how a job is claimed and moved in one statement: the WHERE clause carries the
         legal source statuses, the UPDATE takes the row lock, and the returned row is what was
         written. Only for filters on the job's own columns (no joins). PostgreSQL and SQLite
         (3.35+) both support RETURNING.
+
+        `then_insert` is `(sql, params)` of an `INSERT … SELECT … FROM j` to run in the same
+        statement as a data-modifying CTE (PostgreSQL only), where `j` is the updated row: one
+        round trip instead of two. The inserted row's id is then set as `job._inserted_id`.
         """
         query = self.query.chain(UpdateQuery)
         query.add_update_values(fields)
@@ -29,11 +33,18 @@ class JobQuerySet(models.QuerySet):
         sql, params = query.get_compiler(self.db).as_sql()
         concrete = self.model._meta.concrete_fields
         columns = ", ".join(connection.ops.quote_name(f.column) for f in concrete)
+        sql = f"{sql} RETURNING {columns}"
+        if then_insert is not None:
+            insert_sql, insert_params = then_insert
+            sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
+            params = [*params, *insert_params]
         with connection.cursor() as cursor:
-            cursor.execute(f"{sql} RETURNING {columns}", params)
+            cursor.execute(sql, params)
             row = cursor.fetchone()
         if row is None:
             return None
+        inserted_id = row[-1] if then_insert is not None else None
+        row = row[: len(concrete)]
         # What a queryset does to a fetched row, without the cost of a RawQuerySet (this is
         # the hot path of every status change): the backend's and the fields' converters.
         values = []
@@ -41,7 +52,9 @@ class JobQuerySet(models.QuerySet):
             for converter in _converters(connection, field):
                 value = converter(value, field, connection)
             values.append(value)
-        return self.model.from_db(self.db, [f.attname for f in concrete], values)
+        job = self.model.from_db(self.db, [f.attname for f in concrete], values)
+        job._inserted_id = inserted_id
+        return job
 
 
 def _converters(connection, field) -> list:

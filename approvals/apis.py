@@ -15,9 +15,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals.models import Question
-from approvals.selectors import question_get_visible, questions_visible_to
-from approvals.serializers import AnswerSerializer, QuestionListQuerySerializer, QuestionSerializer
-from approvals.services import question_answer
+from approvals.selectors import question_decisions, question_get_visible, questions_visible_to
+from approvals.serializers import (
+    AnswerSerializer,
+    DecisionSerializer,
+    QuestionListQuerySerializer,
+    QuestionSerializer,
+)
+from approvals.services import question_answer, request_client_address
 from taskplatform.api.errors import RETRY_AFTER, error_responses
 
 
@@ -41,7 +46,11 @@ class QuestionViewSet(viewsets.GenericViewSet):
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> QuerySet[Question]:
-        return questions_visible_to(self.request.user).select_related("answered_by")
+        return (
+            questions_visible_to(self.request.user)
+            .select_related("answered_by")
+            .prefetch_related("assigned_users", "assigned_groups")
+        )
 
     def list(self, request: Request) -> Response:
         query = QuestionListQuerySerializer(data=request.query_params)
@@ -61,7 +70,9 @@ class QuestionViewSet(viewsets.GenericViewSet):
         operation_id="questions_answer",
         summary="Answer an open question (the job resumes)",
         description="400: the answer breaks the question's `schema` (`field` names where); 403: the caller may "
-        "not answer questions; 409: already answered (naming who) or no longer open.",
+        "not answer it (no permission, not an assignee, or their own job); 409: already answered (naming who), "
+        "already approved by the caller (a quorum waits for other reviewers) or no longer open. For a quorum "
+        "question an approval is a vote: the question stays `open` until `required_approvals` reviewers approved.",
         request=AnswerSerializer,
         parameters=[RETRY_AFTER],
         responses={200: QuestionSerializer, **error_responses(400, 403, 404, 409)},
@@ -77,5 +88,19 @@ class QuestionViewSet(viewsets.GenericViewSet):
             answer=body.validated_data["answer"],
             comment=body.validated_data["comment"],
             channel="api",
+            client_address=request_client_address(request),
         )
         return Response(QuestionSerializer(question).data)
+
+    @extend_schema(
+        operation_id="questions_decisions",
+        summary="The question's decision ledger, oldest first",
+        description="Every answer, vote, expiry, escalation, cancellation and re-opening, with who, the channel, "
+        "the client address and the digest of what was shown. Rows are never changed or removed.",
+        parameters=[RETRY_AFTER],
+        responses={200: DecisionSerializer(many=True), **error_responses(404)},
+    )
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def decisions(self, request: Request, pk: str) -> Response:
+        question = question_get_visible(user=request.user, question_id=pk)
+        return Response(DecisionSerializer(question_decisions(question), many=True).data)

@@ -1,12 +1,15 @@
-"""Questions that jobs ask people."""
+"""Questions that jobs ask people, and the append-only ledger of every decision about them."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from jobs.models import Job
 
@@ -29,12 +32,26 @@ class Question(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
     answer = models.JSONField(null=True, blank=True)
     comment = models.TextField(blank=True, default="")
+    # Null on an answered question: the system answered it (a deadline's default).
     answered_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="answers"
     )
     answered_at = models.DateTimeField(null=True, blank=True)
-    expires_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="The deadline; see on_timeout.")
     created_at = models.DateTimeField(auto_now_add=True)
+    # Who may answer (besides holding the answer permission): these users and these groups' members.
+    assigned_users = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, blank=True, related_name="assigned_questions"
+    )
+    assigned_groups = models.ManyToManyField(Group, blank=True, related_name="assigned_questions")
+    required_approvals = models.PositiveSmallIntegerField(
+        default=1, help_text="Distinct approvals that answer the question; any rejection answers it at once."
+    )
+    # What beat does when expires_at passes (approvals.policies.policy_to_json); null: fail the job.
+    on_timeout = models.JSONField(null=True, blank=True)
+    # 1, then +1 each time a retried job asks a cancelled or expired question again; votes count per round.
+    round = models.PositiveIntegerField(default=1)
+    opened_at = models.DateTimeField(default=timezone.now, help_text="When the question (last) opened.")
 
     class Meta:
         ordering = ["-created_at"]
@@ -45,8 +62,116 @@ class Question(models.Model):
                 condition=~Q(status="answered") | Q(answered_at__isnull=False),
                 name="question_answered_has_time",
             ),
+            models.CheckConstraint(condition=Q(required_approvals__gte=1), name="question_required_approvals_1"),
         ]
-        indexes = [models.Index(fields=["status", "-created_at"], name="question_status_created")]
+        indexes = [
+            models.Index(fields=["status", "-created_at"], name="question_status_created"),
+            # Beat's look for due deadlines, and the inbox sorted by deadline.
+            models.Index(fields=["status", "expires_at"], name="question_status_expires"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.prompt[:60]} ({self.status})"
+
+    @property
+    def type(self) -> str:
+        from approvals.schemas import question_type
+
+        return question_type(self.schema)
+
+    def assignee_names(self) -> list[str]:
+        """`["alice", "group:reviewers"]`: who may answer, as a job author writes it."""
+        users = [user.get_username() for user in self.assigned_users.all()]
+        groups = [f"group:{group.name}" for group in self.assigned_groups.all()]
+        return sorted(users) + sorted(groups)
+
+    def approvers(self) -> list[str]:
+        """Usernames of the reviewers who approved in the current round, in the order they did."""
+        rows = self.decisions.filter(round=self.round, kind=Decision.Kind.APPROVED).order_by("created_at", "id")
+        return list(rows.values_list("actor_name", flat=True))
+
+    def approvals_so_far(self) -> int:
+        """Distinct approving votes in the current round."""
+        return self.decisions.filter(round=self.round, kind=Decision.Kind.APPROVED).count()
+
+
+class AppendOnly(Exception):
+    """A decision was about to be changed or deleted: the ledger only grows."""
+
+
+class DecisionQuerySet(models.QuerySet):
+    def update(self, **kwargs: Any) -> int:
+        raise AppendOnly("decisions are never updated")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AppendOnly("decisions are never deleted")
+
+    # Bulk writes that would change rows.
+    def bulk_update(self, *args: Any, **kwargs: Any) -> int:
+        raise AppendOnly("decisions are never updated")
+
+
+class Decision(models.Model):
+    """One row of the decision ledger: an answer, a vote, an expiry, an escalation, a cancellation
+    or a re-opening of a question. Never updated, never deleted (the model refuses, the admin is
+    read-only, and on PostgreSQL a trigger refuses too); kept when the job is retried."""
+
+    class Kind(models.TextChoices):
+        ANSWERED = "answered", "answered"
+        APPROVED = "approved", "approved (a vote)"
+        REJECTED = "rejected", "rejected"
+        EXPIRED = "expired", "expired"
+        ESCALATED = "escalated", "escalated"
+        CANCELLED = "cancelled", "cancelled"
+        REOPENED = "reopened", "asked again"
+
+    class Channel(models.TextChoices):
+        ADMIN = "admin"
+        API = "api"
+        WEB = "web"
+        SYSTEM = "system"
+
+    id = models.BigAutoField(primary_key=True)
+    question = models.ForeignKey(Question, on_delete=models.PROTECT, related_name="decisions")
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="decisions")
+    round = models.PositiveIntegerField(default=1)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    # Null: the system (a deadline, a job cancelled without a person).
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="decisions"
+    )
+    actor_name = models.CharField(max_length=150, help_text="The actor's username then, or 'system'.")
+    channel = models.CharField(max_length=16, choices=Channel.choices)
+    answer = models.JSONField(null=True, blank=True)
+    comment = models.TextField(blank=True, default="")
+    client_address = models.GenericIPAddressField(null=True, blank=True)
+    # The question's digest when this was decided: what the reviewer was shown.
+    digest = models.CharField(max_length=64)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    objects = DecisionQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            # Distinct approvals: one approving vote per reviewer per round of a question.
+            models.UniqueConstraint(
+                fields=["question", "round", "actor"], condition=Q(kind="approved"), name="decision_one_vote"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["question", "round", "kind"], name="decision_question_round"),
+            models.Index(fields=["job", "created_at"], name="decision_job_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} by {self.actor_name} ({self.channel})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise AppendOnly("decisions are never updated")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AppendOnly("decisions are never deleted")

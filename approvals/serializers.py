@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from approvals.models import Question
+from approvals.models import Decision, Question
+from approvals.schemas import QuestionType
 from jobs.serializers import AnyJSONField, JSONObjectField, QuerySerializer
 
 
@@ -16,16 +17,31 @@ class QuestionSerializer(serializers.ModelSerializer):
     details = AnyJSONField(read_only=True, help_text="What the reviewer is shown with the prompt.")
     answer = AnyJSONField(read_only=True, allow_null=True)
     answered_by = serializers.SlugRelatedField(
-        slug_field="username", read_only=True, allow_null=True, help_text="Username of who answered."
+        slug_field="username", read_only=True, allow_null=True,
+        help_text="Username of who answered; null when unanswered or answered by the system (a deadline's default).",
     )
+    type = serializers.CharField(
+        read_only=True, help_text=f"The question's type: {', '.join(QuestionType.LABELS)} (from its schema)."
+    )
+    assignees = serializers.SerializerMethodField(help_text="Who may answer: usernames and `group:name`s.")
+    required_approvals = serializers.IntegerField(
+        read_only=True, help_text="Distinct approvals that answer the question; any rejection answers it at once."
+    )
+    approvals = serializers.SerializerMethodField(help_text="Approving votes so far (in this round).")
 
     class Meta:
         model = Question
         fields = [
-            "id", "job", "key", "prompt", "schema", "details", "status", "answer", "comment", "answered_by",
-            "answered_at", "expires_at", "created_at",
+            "id", "job", "key", "prompt", "type", "schema", "details", "status", "answer", "comment", "answered_by",
+            "answered_at", "expires_at", "created_at", "assignees", "required_approvals", "approvals",
         ]
         read_only_fields = fields
+
+    def get_assignees(self, question: Question) -> list[str]:
+        return question.assignee_names()
+
+    def get_approvals(self, question: Question) -> int:
+        return question.approvals_so_far()
 
 
 class AnswerSerializer(serializers.Serializer):
@@ -40,3 +56,19 @@ class QuestionListQuerySerializer(QuerySerializer):
 
     status = serializers.ChoiceField(choices=Question.Status.values, required=False)
     job = serializers.UUIDField(required=False, help_text="Only the questions of this job.")
+
+
+class DecisionSerializer(serializers.ModelSerializer):
+    """One row of a question's decision ledger."""
+
+    question = serializers.UUIDField(source="question_id", read_only=True)
+    job = serializers.UUIDField(source="job_id", read_only=True)
+    actor = serializers.CharField(source="actor_name", read_only=True, help_text="Username, or `system`.")
+    answer = AnyJSONField(read_only=True, allow_null=True)
+    detail = JSONObjectField(read_only=True)
+
+    class Meta:
+        model = Decision
+        fields = ["id", "question", "job", "round", "kind", "actor", "channel", "answer", "comment", "client_address",
+                  "digest", "detail", "created_at"]
+        read_only_fields = fields

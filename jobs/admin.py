@@ -4,6 +4,7 @@ every change goes through `jobs.services`."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 from django import forms
 from django.contrib import admin, messages
@@ -12,10 +13,12 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from approvals.admin import JobDecisionInline
 from jobs.errors import PlatformError
 from jobs.models import Job, JobEvent
 from jobs.registry import kinds_all
 from jobs.services import job_cancel, job_retry, job_submit
+from waits.admin import WaitInline
 
 
 class JobSubmitForm(forms.Form):
@@ -61,7 +64,8 @@ class JobAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     list_select_related = ("owner",)
     actions = ("cancel_jobs", "retry_jobs")
-    inlines = (JobEventInline,)
+    # The decision ledger of the job's questions (approvals), what it waits for (waits), its event log.
+    inlines = (JobDecisionInline, WaitInline, JobEventInline)
     # The job page shows the same live progress as /jobs/{id}/ (jobs/_live.html and live.js).
     change_form_template = "admin/jobs/job/change_form.html"
     fieldsets = (
@@ -175,7 +179,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cancel selected jobs", permissions=["operate"])
     def cancel_jobs(self, request, queryset):
-        self._apply(request, queryset, job_cancel, "Cancelled")
+        self._apply(request, queryset, partial(job_cancel, channel="admin"), "Cancelled")
 
     @admin.action(description="Retry selected failed or cancelled jobs", permissions=["operate"])
     def retry_jobs(self, request, queryset):

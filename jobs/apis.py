@@ -134,7 +134,7 @@ class JobViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         job = self._job_to_manage(request, pk)
-        return Response(JobSerializer(job_cancel(job_id=job.pk, actor=request.user)).data)
+        return Response(JobSerializer(job_cancel(job_id=job.pk, actor=request.user, channel="api")).data)
 
     @extend_schema(
         operation_id="jobs_retry",

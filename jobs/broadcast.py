@@ -18,6 +18,8 @@ chain per group); different groups go out concurrently.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import json
 import logging
 import os
 import threading
@@ -128,13 +130,28 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def flush_pending(timeout: float = 2.0) -> None:
+    """Give the sends still queued in this process up to `timeout` seconds to go out.
+
+    Called when a process ends (at interpreter exit, and by Celery when it retires a pool
+    process), so the last events of a short-lived command are pushed, not only written.
+    """
+    current = _publisher
+    if current is not None and current.pid == os.getpid() and not current.flush(timeout):
+        logger.warning("job event publisher: sends still pending at exit were dropped")
+
+
+atexit.register(flush_pending)
+
+
 def publish(group: str, message: Mapping[str, Any]) -> None:
     """Send `message` to `group` through the channel layer, fire-and-forget.
 
     Never raises and never blocks: a failure is logged, and the event log remains the truth.
     """
     try:
-        publisher().send(group, dict(message))
+        # The group rides along: a server process fans a message out to its local followers by it.
+        publisher().send(group, {**message, "group": group})
     except Exception:  # the write already happened; a lost push must not undo or fail it
         logger.exception("could not queue a job event for %s", group)
 
@@ -145,6 +162,11 @@ def event_publish(*, job: Job, event: JobEvent) -> None:
     Call it only after the event's transaction committed (`jobs.events.event_record` does so
     with `transaction.on_commit`), so no client ever sees an event that was rolled back.
     """
-    publish(job_group(job.pk), {"type": "job.event", "job_id": str(job.pk), "event": event.as_dict()})
+    # `frame` is what a websocket client gets, encoded here once rather than once per client.
+    data = event.as_dict()
+    publish(job_group(job.pk), {"type": "job.event", "job_id": str(job.pk), "event": data,
+                                "frame": json.dumps({"type": "event", "event": data})})
     if event.type == JobEvent.Type.STATUS:
-        publish(FEED_GROUP, {"type": "job.status", "job": job_as_dict(job), "owner_id": job.owner_id})
+        summary = job_as_dict(job)
+        publish(FEED_GROUP, {"type": "job.status", "job": summary, "owner_id": job.owner_id,
+                             "frame": json.dumps({"type": "job", "job": summary})})

@@ -21,7 +21,13 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals.models import Question
 from approvals.schemas import is_approval
 from approvals.selectors import questions_visible_to
-from approvals.services import InvalidAnswer, NotAllowedToAnswer, question_answer, question_check_can_answer
+from approvals.services import (
+    InvalidAnswer,
+    NotAllowedToAnswer,
+    question_answer,
+    question_check_can_answer,
+    request_client_address,
+)
 from jobs.errors import JobNotFound, PlatformError
 from jobs.models import Job
 from jobs.selectors import job_get_visible, jobs_visible_to
@@ -126,7 +132,8 @@ def question_answer_view(request: HttpRequest, job_id: Any, question_id: Any) ->
         raise Http404("no such question on this job")
     try:
         answer, comment = _answer_from_form(question, request.POST)
-        question_answer(question_id=question.pk, user=request.user, answer=answer, comment=comment, channel="web")
+        question_answer(question_id=question.pk, user=request.user, answer=answer, comment=comment, channel="web",
+                        client_address=request_client_address(request))
     except PlatformError as exc:
         messages.error(request, f"The answer was not recorded: {exc.message}")
     else:

@@ -38,6 +38,8 @@ class JobKind:
     allow_self_approval: bool = False
     # A Celery queue of its own (None: the default queue).
     queue: str | None = None
+    # A URL told (signed, retried: see `webhooks`) whenever a question of this kind opens.
+    notify_webhook: str | None = None
 
     def validate_input(self, value: Any) -> None:
         """Raise InvalidInput naming the first offending field when `value` breaks the schema."""
@@ -61,11 +63,14 @@ def job_kind(
     max_attempts: int | None = None,
     allow_self_approval: bool = False,
     queue: str | None = None,
+    notify_webhook: str | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of job kind `name`.
 
     The handler is called as `handler(ctx, input)` with a `jobs.runtime.JobContext` and the
-    validated input; what it returns (JSON) becomes the job's result.
+    validated input; what it returns (JSON) becomes the job's result. `allow_self_approval` lets
+    the job's submitter answer its questions; `notify_webhook` is a URL POSTed to (signed with
+    APPROVALS_WEBHOOK_SECRET) when one of its questions opens.
     """
     schema = input_schema if input_schema is not None else dict(ANY_OBJECT)
     Draft202012Validator.check_schema(schema)  # a broken schema is the author's bug: fail at import
@@ -82,6 +87,7 @@ def job_kind(
             max_attempts=max_attempts,
             allow_self_approval=allow_self_approval,
             queue=queue,
+            notify_webhook=notify_webhook,
         )
         return handler
 

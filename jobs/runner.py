@@ -11,8 +11,8 @@ from celery.exceptions import SoftTimeLimitExceeded
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import RunLost
 from jobs.registry import kind_get
-from jobs.runtime import JobContext, JobFailure, PauseForResolution
-from jobs.services import job_claim, job_complete, job_fail, job_pause
+from jobs.runtime import JobContext, JobFailure, ParkForWait, PauseForResolution
+from jobs.services import job_claim, job_complete, job_fail, job_park, job_pause
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +44,13 @@ def job_execute(*, job_id: Any) -> str:
             ctx.flush()
     except PauseForResolution as pause:
         return _record(job_pause, job=job, question=pause.question)
+    except ParkForWait as park:
+        return _record(job_park, job=job, apply=park.apply, message=park.message)
     except RunLost as exc:
         logger.info("job %s: run stopped: %s", job_id, exc)
         return "lost"
     except JobFailure as exc:
-        return _record(job_fail, job=job, code=exc.code, message=exc.message, retry=False)
+        return _record(job_fail, job=job, code=exc.code, message=exc.message, retry=False, record=exc.record)
     except SoftTimeLimitExceeded:
         return _record(job_fail, job=job, code="timeout", message="the job ran past its time limit", retry=False)
     except Exception as exc:
@@ -61,7 +63,7 @@ def job_execute(*, job_id: Any) -> str:
 def _record(service, **kwargs: Any) -> str:
     try:
         job = service(**kwargs)
-    except InvalidTransition as exc:
+    except (InvalidTransition, RunLost) as exc:
         # The job moved on without this run (cancelled while it ran): keep what happened.
         logger.info("outcome of job %s dropped: %s", kwargs["job"].pk, exc)
         return "lost"

@@ -23,6 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from jobs.events import RunLost, event_append
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["JobContext", "JobFailure", "PauseForResolution", "RunLost"]
+__all__ = ["JobContext", "JobFailure", "ParkForWait", "PauseForResolution", "RunLost"]
 
 
 class PauseForResolution(BaseException):
@@ -48,13 +49,34 @@ class PauseForResolution(BaseException):
         self.question = question
 
 
-class JobFailure(Exception):
-    """Raise it from job code to fail the job at once with your own error code (no retry)."""
+class ParkForWait(BaseException):
+    """Raised by `ctx.wait_for` when the job must wait for outside work (accepted, throttled, or
+    still pending): the run stops, the job becomes `waiting` and holds no worker until a callback,
+    a backup check or a person wakes it.
 
-    def __init__(self, code: str, message: str) -> None:
+    `apply()` writes the wait's row in the transaction that parks the job and returns True when
+    the wait is already due (its callback came while the run was still going).
+    """
+
+    def __init__(self, *, key: str, apply: Callable[[], bool], message: dict[str, Any]) -> None:
+        super().__init__(f"waiting on {key!r}")
+        self.key = key
+        self.apply = apply
+        self.message = message
+
+
+class JobFailure(Exception):
+    """Raise it from job code to fail the job at once with your own error code (no retry).
+
+    `record`, when given, is called in the transaction that fails the job (platform code uses it
+    to mark a wait failed together with its job).
+    """
+
+    def __init__(self, code: str, message: str, *, record: Callable[[], None] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.record = record
 
 
 def question_digest(*, prompt: str, schema: dict, details: Any) -> str:
@@ -150,6 +172,10 @@ class JobContext:
         *,
         schema: dict | None = None,
         details: Any = None,
+        assignees: str | list[str] | None = None,
+        required_approvals: int = 1,
+        timeout: float | timedelta | None = None,
+        on_timeout: Any = None,
     ) -> Any:
         """Ask a person; return their answer once there is one.
 
@@ -159,37 +185,76 @@ class JobContext:
         question within the job and must be stable across runs. If a re-run asks the same key
         with another prompt, schema or details, the job fails with `question_changed` rather
         than reuse an answer given to something else.
+
+        `schema` is a JSON Schema, usually from `approvals.schemas` (`approval()`, `choice(...)`,
+        `multiple_choice(...)`, `text(...)`, `form(...)`); default: approve/reject with an
+        optional reason. `assignees` are usernames and `"group:name"`s (default: the group
+        `reviewers`); `required_approvals` distinct reviewers must approve an approval question
+        (any rejection decides at once). After `timeout` (seconds or a timedelta) beat applies
+        `on_timeout` (`approvals.policies`: `Default(answer)`, `Fail()` (the default),
+        `Cancel()`, `Escalate(to=..., timeout=...)`). A mistake in these fails the job with
+        `invalid_question` or `unknown_assignee`. A question that was cancelled or expired is
+        asked again when a person retries the job.
         """
         from approvals.models import Question
         from approvals.schemas import APPROVAL_SCHEMA
+        from approvals.services import question_spec_build
 
         schema = schema if schema is not None else APPROVAL_SCHEMA
         details = details if details is not None else {}
         digest = question_digest(prompt=prompt, schema=schema, details=details)
         question = Question.objects.filter(job_id=self.job_id, key=key).first()
-        if question is None:
-            raise PauseForResolution(
-                {"key": key, "prompt": prompt, "schema": schema, "details": details, "digest": digest}
-            )
-        if question.digest != digest:
+        if question is not None and question.digest != digest:
             raise JobFailure(
                 "question_changed",
                 f"question {key!r} was asked again with a different prompt, schema or details; "
                 "the stored answer was given to the old question and is not reused",
             )
-        if question.status == Question.Status.ANSWERED:
+        if question is not None and question.status == Question.Status.ANSWERED:
             return question.answer
-        if question.status == Question.Status.OPEN:
+        if question is not None and question.status == Question.Status.OPEN:
             raise PauseForResolution(
                 {"key": key, "prompt": prompt, "schema": schema, "details": details, "digest": digest}
             )
-        raise JobFailure(f"question_{question.status}", f"question {key!r} is {question.status}")
+        # New, or cancelled/expired and asked again after a retry: check what the author passed.
+        raise PauseForResolution(
+            question_spec_build(
+                key=key, prompt=prompt, schema=schema, details=details, digest=digest, assignees=assignees,
+                required_approvals=required_approvals, timeout=timeout, on_timeout=on_timeout,
+            )
+        )
 
     def question(self, key: str) -> Question | None:
         """The stored question `key` of this job (who answered it and when), or None."""
         from approvals.models import Question
 
         return Question.objects.select_related("answered_by").filter(job_id=self.job_id, key=key).first()
+
+    # -- external work ---------------------------------------------------------------------------
+    def wait_for(self, key: str, *, submit: Callable[[str, str | None], Any], check: Callable[[str], Any],
+                 policy: Any = None, service: str = "") -> Any:
+        """Hand work to an outside service and return its result, without holding a worker.
+
+        `submit(token, callback_url)` hands the work out and returns the service's id for it;
+        `check(external_id)` returns a `waits.policy.CheckResult` (pending, succeeded(result),
+        failed(reason)). Either may raise `waits.policy.Throttled(retry_after)` (a 429) or
+        `TransportError` (a timeout, a reset, a body that does not parse). The `token` is minted
+        once and is the same for every retry of the submit: pass it on as the idempotency key.
+        `callback_url` (None in polling mode) is `PUBLIC_URL/api/wake/{token}/`: the service
+        POSTs to it when done.
+
+        After the service accepts, the job is `waiting` and the worker moves on. The callback,
+        a backup check at one of the `policy`'s marks (default 60, 180 and 300 s after
+        acceptance), or a person in the admin resumes the job; the handler runs again from the
+        top and this call checks once: it returns the result, fails the job (`external_failed`,
+        `deadline_exceeded` when still pending at the last mark, `throttled`,
+        `gateway_unavailable`, `wait_backstop`) or parks again. `key` names the wait within the
+        job and must be stable across runs. See `waits.policy.WaitPolicy` for the knobs.
+        """
+        from waits.runtime import wait_for
+
+        self.flush()
+        return wait_for(self, key, submit=submit, check=check, policy=policy, service=service)
 
     # -- internals ---------------------------------------------------------------------------
     def _event(self, type: str, *, step: str = "", status: str = "", message: dict | None = None,

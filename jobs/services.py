@@ -10,7 +10,7 @@ import hashlib
 import json
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -20,7 +20,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs.errors import IdempotencyConflict, InvalidTransition, JobNotFound, UnknownKind
-from jobs.events import event_record
+from jobs.events import event_record, job_update_with_event
 from jobs.models import Job
 from jobs.registry import kind_get
 
@@ -71,13 +71,13 @@ def job_transition(
         rows = Job.objects.filter(pk=job_id, status__in=sources)
         if only_attempt is not None:
             rows = rows.filter(attempts=only_attempt)
-        job = rows.update_returning(**values)
-        if job is None:
+        written = job_update_with_event(rows=rows, fields=values, type="status", status=to, message=message)
+        if written is None:
             current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
             if current is None:
                 raise JobNotFound(f"job {job_id} does not exist")
             raise InvalidTransition(f"job {job_id} is {current}; it cannot move to {to}")
-        event_record(job=job, type="status", status=to, message=message)
+        job = written[0]
         if to in WEBHOOK_STATUSES and job.owner_id is not None:
             from webhooks.services import webhook_deliveries_enqueue
 
@@ -209,9 +209,16 @@ def retry_delay(attempt: int) -> float:
     return ceiling / 2 + random.uniform(0, ceiling / 2)
 
 
-def job_fail(*, job: Job, code: str, message: str, retry: bool = True) -> Job:
+def job_fail(
+    *, job: Job, code: str, message: str, retry: bool = True, record: Callable[[], None] | None = None
+) -> Job:
     """End the run `job` with an error: back to `pending` after a back-off while attempts
-    remain (and `retry`), else `failed`. The error is recorded either way."""
+    remain (and `retry`), else `failed`. The error is recorded either way. `record` (from a
+    `JobFailure`) writes what must commit with the failure, in the same transaction."""
+    if record is not None:
+        with transaction.atomic():
+            record()
+            return job_fail(job=job, code=code, message=message, retry=retry)
     error = {"code": code, "message": message[:2000]}
     if retry and job.attempts < job.max_attempts:
         delay = retry_delay(job.attempts)
@@ -251,6 +258,21 @@ def job_pause(*, job: Job, question: dict[str, Any]) -> Job:
         )
 
 
+def job_park(*, job: Job, apply: Callable[[], bool], message: dict[str, Any] | None = None) -> Job:
+    """Park the run `job` on external work (`ctx.wait_for`): `processing → waiting`, in the
+    transaction in which `apply()` writes the wait's row (its next due time). The worker slot is
+    freed; beat or a callback resumes the job. When `apply()` reports that the wait is already
+    due (its callback came while this run was still going), the job is resumed at once."""
+    with transaction.atomic():
+        due_now = apply()
+        job = job_transition(
+            job_id=job.pk, to=Status.WAITING, from_=[Status.PROCESSING], only_attempt=job.attempts, message=message
+        )
+        if due_now:
+            job = job_resume(job_id=job.pk, reason={**(message or {}), "by": "callback"})
+    return job
+
+
 def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None) -> Job:
     """Make a paused or waiting job runnable again (`→ pending`) and dispatch it."""
     return job_transition(
@@ -263,8 +285,9 @@ def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None) -> Job:
     )
 
 
-def job_cancel(*, job_id: Any, actor: Any = None) -> Job:
-    """Cancel a job that has not finished, closing its open questions.
+def job_cancel(*, job_id: Any, actor: Any = None, channel: str | None = None) -> Job:
+    """Cancel a job that has not finished, closing its open questions (each with a row in the
+    decision ledger naming `actor` and the `channel`: admin, api, web or system).
 
     A running job stops at its next `ctx` call (its writes are fenced to the run that owns
     it), so a cancelled job never turns `completed` afterwards.
@@ -278,7 +301,7 @@ def job_cancel(*, job_id: Any, actor: Any = None) -> Job:
             from_=[Status.PENDING, Status.PROCESSING, Status.PAUSED, Status.WAITING],
             message={"by": getattr(actor, "username", None)},
         )
-        questions_cancel_for_job(job=job, actor=actor)
+        questions_cancel_for_job(job=job, actor=actor, channel=channel)
     return job
 
 

@@ -6,8 +6,8 @@ after it; `?after=SEQ` does the same for a first connection. The stream ends onc
 finished and its last event was sent.
 
 The database is the source: the view reads new rows after the last one sent. To learn of them
-quickly it also listens to the job's channel group, and reads again at least every second when
-no push arrives (a lost push delays an event, never loses it).
+quickly it follows the job's group through the process's fan-out (`jobs.fanout`), and reads
+again at least every second when no push arrives (a lost push delays an event, never loses it).
 """
 
 from __future__ import annotations
@@ -17,15 +17,16 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
-from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
+from channels.db import database_sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from accounts.services import api_token_authenticate
 from jobs.broadcast import job_group
 from jobs.errors import JobNotFound
+from jobs.fanout import LocalFanout
 from jobs.models import Job
 from jobs.selectors import job_events_after, job_get_visible
 
@@ -40,7 +41,7 @@ async def _caller(request: HttpRequest) -> tuple[Any, bool]:
     """The user making the request, and whether a token was offered (and refused)."""
     header = request.headers.get("Authorization", "")
     if header.startswith("Token "):
-        token = await sync_to_async(api_token_authenticate)(key=header[len("Token "):].strip())
+        token = await database_sync_to_async(api_token_authenticate)(key=header[len("Token "):].strip())
         return (token.user if token is not None else None), token is None
     return await request.auser(), False
 
@@ -76,7 +77,7 @@ async def job_events_stream(request: HttpRequest, job_id: Any) -> HttpResponse:
         response["WWW-Authenticate"] = "Token"
         return response
     try:
-        job = await sync_to_async(job_get_visible)(user=user, job_id=job_id)
+        job = await database_sync_to_async(job_get_visible)(user=user, job_id=job_id)
     except JobNotFound as exc:
         return _error(404, exc.code, exc.message)
     response = StreamingHttpResponse(_stream(job.pk, _after(request)), content_type="text/event-stream")
@@ -85,7 +86,11 @@ async def job_events_stream(request: HttpRequest, job_id: Any) -> HttpResponse:
     return response
 
 
-@sync_to_async
+# Off the request's own thread (thread_sensitive=False): under ASGI each request keeps a thread
+# of its own for thread-sensitive calls, for as long as it streams. database_sync_to_async
+# closes the connection after each read (CONN_MAX_AGE permitting), so a long stream does not
+# hold a connection between reads.
+@partial(database_sync_to_async, thread_sensitive=False)
 def _read(job_pk: Any, after: int) -> tuple[str, int, list[dict[str, Any]]]:
     # The job's state first: events read after it include everything up to its event_seq.
     status, last_seq = Job.objects.filter(pk=job_pk).values_list("status", "event_seq").get()
@@ -93,16 +98,29 @@ def _read(job_pk: Any, after: int) -> tuple[str, int, list[dict[str, Any]]]:
     return status, last_seq, [event.as_dict() for event in events]
 
 
+class _Wakeup:
+    """Follows the job's group through the process's fan-out; a push only means "read again"."""
+
+    def __init__(self) -> None:
+        self.pushed = asyncio.Event()
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        self.pushed.set()
+
+
 async def _stream(job_pk: Any, after: int) -> AsyncIterator[str]:
-    layer = get_channel_layer()
     group = job_group(job_pk)
-    channel = await layer.new_channel()
-    await layer.group_add(group, channel)
-    push: asyncio.Future | None = None
+    fanout = LocalFanout.here()
+    wakeup = _Wakeup()
+    try:
+        await fanout.follow(group, wakeup)
+    except Exception as exc:  # no pushes: the stream still reads the database every second
+        logger.warning("job %s: stream cannot join %s: %s", job_pk, group, exc)
     quiet_since = time.monotonic()
     try:
         yield "retry: 2000\n\n"
         while True:
+            wakeup.pushed.clear()  # before the read: a push that lands during it wakes the wait below
             try:
                 status, last_seq, events = await _read(job_pk, after)
             except Job.DoesNotExist:
@@ -116,21 +134,11 @@ async def _stream(job_pk: Any, after: int) -> AsyncIterator[str]:
                 continue
             if status in Job.TERMINAL and after >= last_seq:
                 return
-            if push is None:
-                push = asyncio.ensure_future(layer.receive(channel))
-            done, _ = await asyncio.wait([push], timeout=POLL_INTERVAL)
-            if done:
-                failed, push = push.exception(), None  # something happened: read the database
-                if failed is not None:  # the channel layer is down: fall back to polling
-                    logger.warning("job %s: stream lost its channel layer: %s", job_pk, failed)
-                    await asyncio.sleep(POLL_INTERVAL)
-            elif time.monotonic() - quiet_since > KEEPALIVE_INTERVAL:
-                yield ": keep-alive\n\n"
-                quiet_since = time.monotonic()
+            try:
+                await asyncio.wait_for(wakeup.pushed.wait(), POLL_INTERVAL)
+            except TimeoutError:
+                if time.monotonic() - quiet_since > KEEPALIVE_INTERVAL:
+                    yield ": keep-alive\n\n"
+                    quiet_since = time.monotonic()
     finally:
-        if push is not None:
-            push.cancel()
-        try:
-            await layer.group_discard(group, channel)
-        except Exception:  # expires with the group anyway
-            logger.debug("could not leave %s", group, exc_info=True)
+        fanout.unfollow(group, wakeup)

@@ -10,5 +10,7 @@ urlpatterns = [
     # Server-Sent Events, an async view: before the API's include, which would answer it otherwise.
     path("api/jobs/<str:job_id>/events/stream/", job_events_stream, name="job-events-stream"),
     path("api/", include("taskplatform.api.urls")),
+    # The simulated generation service of `demo.generate` (plays an outside system).
+    path("sim/", include("waits.simulator")),
     path("", include("jobs.urls")),
 ]

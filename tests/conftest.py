@@ -10,7 +10,10 @@ from django.contrib.auth.models import Group, Permission
 
 from tests.support.processes import celery_worker
 
-REVIEWER_PERMISSIONS = ["jobs.view_job", "jobs.view_jobevent", "approvals.view_question", "approvals.answer_question"]
+REVIEWER_PERMISSIONS = [
+    "jobs.view_job", "jobs.view_jobevent", "approvals.view_question", "approvals.answer_question",
+    "approvals.view_decision",
+]
 
 
 def pytest_configure(config):

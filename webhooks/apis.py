@@ -64,7 +64,8 @@ def webhook_get_owned(*, user: object, webhook_id: str) -> Webhook:
     ),
 )
 class WebhookViewSet(viewsets.GenericViewSet):
-    """Outgoing webhooks for job events: `completed`, `failed`, `paused`, `cancelled`."""
+    """Outgoing webhooks for job events: `completed`, `failed`, `paused`, `cancelled`, and `question` (one of
+    the job's questions opened, was asked again or was escalated)."""
 
     serializer_class = WebhookSerializer
     lookup_value_regex = "[^/]+"

@@ -1,4 +1,5 @@
-"""Outgoing webhooks: URLs a caller registers for their jobs' events, and every delivery."""
+"""Outgoing webhooks: URLs a caller registers for their jobs' events (and the system webhooks of job
+kinds for their questions), and every delivery."""
 
 from __future__ import annotations
 
@@ -16,9 +17,15 @@ class Webhook(models.Model):
         FAILED = "failed"
         PAUSED = "paused"
         CANCELLED = "cancelled"
+        # A question of the job opened (or was asked again, or escalated); see approvals.
+        QUESTION = "question"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhooks")
+    # None: a system webhook, configured in code (a job kind's `notify_webhook`), signed with
+    # APPROVALS_WEBHOOK_SECRET; it is not listed in the API.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="webhooks"
+    )
     url = models.URLField(max_length=2000)
     # Which job statuses are delivered: a subset of Event.
     events = models.JSONField(default=list)

@@ -36,7 +36,7 @@ class WebhookCreateSerializer(serializers.Serializer):
     events = serializers.ListField(
         child=serializers.ChoiceField(choices=Webhook.Event.choices),
         min_length=1,
-        help_text="The job statuses to be told about.",
+        help_text="The job statuses to be told about, and `question` for questions that open.",
     )
 
     def validate_url(self, value: str) -> str:

@@ -1,4 +1,5 @@
-"""Every write to webhooks and their deliveries goes through here.
+"""Every write to webhooks and their deliveries goes through here (also for the system webhooks
+that job kinds name for their questions: the same outbox, signing and retries).
 
 A delivery is a row first: it is inserted in the transaction that moves the job into the status
 it reports (an outbox), so a committed status change always has its deliveries and a rolled-back
@@ -15,6 +16,7 @@ import logging
 import random
 import secrets
 import time
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -71,19 +73,26 @@ def _job_payload(job: Job) -> dict[str, Any]:
     return json.loads(JSONRenderer().render(JobSerializer(job).data))
 
 
-def webhook_deliveries_enqueue(*, job: Job, event: str) -> list[WebhookDelivery]:
-    """Queue a delivery of `event` about `job` for each of its owner's webhooks that want it.
+def webhook_deliveries_enqueue(
+    *, job: Job, event: str, extra: dict[str, Any] | None = None, also: Iterable[Webhook] = ()
+) -> list[WebhookDelivery]:
+    """Queue a delivery of `event` about `job` for each of its owner's webhooks that want it, and
+    for each webhook in `also` (system webhooks, such as a kind's `notify_webhook`).
 
-    Precondition: the caller is in the transaction that moved the job into `event`; the first
-    attempts are sent once it commits.
+    `extra` is merged into the payload (a question event carries the question). Precondition:
+    the caller is in the transaction that made `event` happen; the first attempts are sent once
+    it commits.
     """
-    if job.owner_id is None or event not in EVENTS:
+    if event not in EVENTS:
         return []
-    hooks = [hook for hook in Webhook.objects.filter(owner_id=job.owner_id, is_active=True) if event in hook.events]
+    hooks: list[Webhook] = []
+    if job.owner_id is not None:
+        hooks = [h for h in Webhook.objects.filter(owner_id=job.owner_id, is_active=True) if event in h.events]
+    hooks += [hook for hook in also if hook.is_active]
     if not hooks:
         return []
     now = timezone.now()
-    payload = {"event": f"job.{event}", "created_at": now.isoformat(), "job": _job_payload(job)}
+    payload = {"event": f"job.{event}", "created_at": now.isoformat(), "job": _job_payload(job), **(extra or {})}
     deliveries = WebhookDelivery.objects.bulk_create(
         [
             WebhookDelivery(webhook=hook, job_id=job.pk, event=event, payload=payload, next_attempt_at=now)
@@ -93,6 +102,23 @@ def webhook_deliveries_enqueue(*, job: Job, event: str) -> list[WebhookDelivery]
     ids = [str(delivery.pk) for delivery in deliveries]
     transaction.on_commit(lambda: _send_tasks(ids), robust=True)
     return deliveries
+
+
+def webhook_system_get(*, url: str, events: Iterable[str]) -> Webhook | None:
+    """The system webhook (no owner) for `url`, made on first use and signed with
+    APPROVALS_WEBHOOK_SECRET; None (with a warning) while that setting is empty, because a
+    receiver could not verify an unsigned delivery."""
+    secret = settings.APPROVALS_WEBHOOK_SECRET
+    if not secret:
+        logger.warning("not sending to %s: set APPROVALS_WEBHOOK_SECRET to sign system webhooks", url)
+        return None
+    hook, created = Webhook.objects.get_or_create(
+        owner=None, url=url, defaults={"events": sorted(set(events)), "secret": secret}
+    )
+    if not created and hook.secret != secret:  # the setting was rotated
+        hook.secret = secret
+        hook.save(update_fields=["secret"])
+    return hook
 
 
 def _send_tasks(ids: list[str]) -> None:

@@ -6,6 +6,7 @@ from rest_framework.routers import SimpleRouter
 
 from approvals.apis import QuestionViewSet
 from jobs.apis import JobKindListApi, JobViewSet
+from waits.apis import WakeApi
 from webhooks.apis import WebhookViewSet
 
 router = SimpleRouter()
@@ -15,6 +16,7 @@ router.register("webhooks", WebhookViewSet, basename="webhook")
 
 urlpatterns = [
     path("job-kinds/", JobKindListApi.as_view(), name="job-kind-list"),
+    path("wake/<str:token>/", WakeApi.as_view(), name="wait-wake"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     *router.urls,

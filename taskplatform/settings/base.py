@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "jobs",
     "approvals",
     "webhooks",
+    "waits",
     "demo",
 ]
 
@@ -302,6 +303,33 @@ APPROVALS_TRUST_X_FORWARDED_FOR = env.bool("APPROVALS_TRUST_X_FORWARDED_FOR", de
 # HMAC-SHA256 key of the webhooks a job kind names (`notify_webhook`) for its questions; empty:
 # those webhooks are not sent.
 APPROVALS_WEBHOOK_SECRET = env.str("APPROVALS_WEBHOOK_SECRET", default="")
+
+# --- Waits on external work (ctx.wait_for) ----------------------------------------------------
+# Backup checks, in seconds after the service accepted the work; still pending at the last: fail.
+WAITS_DEFAULT_MARKS = env.list("WAITS_DEFAULT_MARKS", cast=float, default=[60.0, 180.0, 300.0])
+# Runs of a job through one wait before it is stopped as a runaway loop.
+WAITS_MAX_EXECUTIONS = env.int("WAITS_MAX_EXECUTIONS", default=20)
+# Answers of 429 honoured (each after its Retry-After) before the job fails as `throttled`.
+WAITS_MAX_THROTTLE_BOUNCES = env.int("WAITS_MAX_THROTTLE_BOUNCES", default=10)
+# Transport failures in a row (timeouts, resets, bad bodies) before `gateway_unavailable`; each
+# retried after WAITS_TRANSPORT_BACKOFF * 2**(n-1) seconds.
+WAITS_MAX_TRANSPORT_FAILURES = env.int("WAITS_MAX_TRANSPORT_FAILURES", default=3)
+WAITS_TRANSPORT_BACKOFF = env.float("WAITS_TRANSPORT_BACKOFF", default=2.0)
+# Polling mode (services without callbacks): first interval, cap, and how long before giving up.
+WAITS_POLL_MIN_INTERVAL = env.float("WAITS_POLL_MIN_INTERVAL", default=5.0)
+WAITS_POLL_MAX_INTERVAL = env.float("WAITS_POLL_MAX_INTERVAL", default=300.0)
+WAITS_POLL_MAX_DURATION = env.float("WAITS_POLL_MAX_DURATION", default=3600.0)
+# Seconds one HTTP call to an outside service (and the simulator's callback) may take.
+WAITS_HTTP_TIMEOUT = env.float("WAITS_HTTP_TIMEOUT", default=10.0)
+# Seconds between two looks (Celery beat) for due waits: a backup check is late by at most this.
+# Due times live in the database; no long ETA messages (see the Redis visibility timeout above).
+WAITS_DUE_INTERVAL = env.float("WAITS_DUE_INTERVAL", default=1.0)
+CELERY_BEAT_SCHEDULE["waits-due"] = {"task": "waits.due", "schedule": WAITS_DUE_INTERVAL}
+# The simulated generation service's sweep for callbacks whose countdown task was lost.
+CELERY_BEAT_SCHEDULE["waits-simulator-callbacks"] = {
+    "task": "waits.simulator_callbacks",
+    "schedule": WAITS_DUE_INTERVAL,
+}
 
 # --- E-mail -----------------------------------------------------------------------------------
 # Reviewers are e-mailed when a question waits for them. The console backend (the default, and

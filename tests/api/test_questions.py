@@ -18,6 +18,8 @@ pytestmark = pytest.mark.django_db
 QUESTION_FIELDS = {
     "id", "job", "key", "prompt", "schema", "details", "status", "answer", "comment", "answered_by", "answered_at",
     "expires_at", "created_at",
+    # Added by the reviewers' side (typed questions, assignees, quorum).
+    "type", "assignees", "required_approvals", "approvals",
 }
 
 

@@ -135,3 +135,20 @@ def test_a_forked_child_publishes_through_its_own_loop():
     assert os.waitstatus_to_exitcode(status) == 0
     assert received(channel, 1)[0]["pid"] == pid
     assert publisher() is parent and broadcast._publisher is parent
+
+
+def test_a_short_lived_process_sends_its_last_events_before_it_exits():
+    """`manage.py submit` and the like: the process ends right after the commit."""
+    import subprocess
+    import sys
+
+    from tests.support.processes import BASE_DIR, child_env
+
+    channel = member_of("bench.exit")
+    script = (
+        "import django; django.setup()\n"
+        "from jobs.broadcast import publish\n"
+        "for n in range(20): publish('bench.exit', {'type': 'test.message', 'n': n})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=BASE_DIR, env=child_env(), check=True, timeout=60)
+    assert [message["n"] for message in received(channel, 20)] == list(range(20))

@@ -69,7 +69,14 @@ async def assert_closed_with(communicator: WebsocketCommunicator, code: int) -> 
 
 
 def run(scenario):
-    async_to_sync(scenario)()
+    async def wrapped():
+        await scenario()
+        import sys
+        for t in asyncio.all_tasks():
+            if t is not asyncio.current_task():
+                print("LEFTOVER", t, file=sys.stderr)
+                t.print_stack(file=sys.stderr)
+    async_to_sync(wrapped)()
     assert publisher().flush(5)
 
 
@@ -159,7 +166,8 @@ def test_duplicates_are_dropped_and_a_gap_is_filled_from_the_database():
         second = await database_sync_to_async(log)(job, "two")
         assert await receive_events(ws, 1) == [2]
         # The same push again (a retried publish): dropped.
-        await layer.group_send(job_group(job.pk), {"type": "job.event", "event": second.as_dict()})
+        group = job_group(job.pk)
+        await layer.group_send(group, {"type": "job.event", "event": second.as_dict(), "group": group})
         assert await ws.receive_nothing(timeout=0.3)
         # Two events whose pushes are lost, then one that arrives: 3 and 4 come from the database.
         with mock.patch("jobs.events.event_publish"):
@@ -244,7 +252,10 @@ def test_a_reviewer_sees_a_job_through_its_question():
         await assert_closed_with(ws, 4403)
         from approvals.models import Question
 
-        await database_sync_to_async(Question.objects.create)(job=job, key="q", prompt="?", schema={}, digest="x")
+        def ask_rita():
+            Question.objects.create(job=job, key="q", prompt="?", schema={}, digest="x").assigned_users.add(reviewer)
+
+        await database_sync_to_async(ask_rita)()
         ws = await open_socket(f"/ws/jobs/{job.pk}/?token={token}")
         assert (await receive(ws))["type"] == "snapshot"
         await ws.disconnect()

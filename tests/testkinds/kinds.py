@@ -45,3 +45,39 @@ def progress_burst(ctx, input):
     for number in range(1, reports + 1):
         ctx.progress(number / reports, f"report {number}")
     return {"reports": reports}
+
+
+def _policy(spec):
+    """An on_timeout policy from its JSON description (as the tests pass it in a job's input)."""
+    from approvals.policies import Cancel, Default, Escalate, Fail
+
+    if spec is None:
+        return None
+    action = spec["action"]
+    if action == "default":
+        return Default(spec["answer"])
+    if action == "cancel":
+        return Cancel()
+    if action == "escalate":
+        return Escalate(to=spec["to"], timeout=spec.get("timeout"), on_timeout=_policy(spec.get("then")))
+    return Fail()
+
+
+@job_kind("test.ask", input_schema={"type": "object"})
+def ask(ctx, input):
+    """Asks one question built from its input (schema, assignees, quorum, deadline); returns the
+    answer, who gave it and who approved."""
+    key = input.get("key", "q")
+    answer = ctx.ask(
+        key,
+        input.get("prompt", "A question?"),
+        schema=input.get("schema"),
+        details=input.get("details"),
+        assignees=input.get("assignees"),
+        required_approvals=input.get("required_approvals", 1),
+        timeout=input.get("timeout"),
+        on_timeout=_policy(input.get("on_timeout")),
+    )
+    question = ctx.question(key)
+    by = question.answered_by.get_username() if question.answered_by else "system"
+    return {"answer": answer, "by": by, "approvers": question.approvers(), "round": question.round}

@@ -11,7 +11,11 @@ class Command(BaseCommand):
         if not settings.DEBUG:
             raise CommandError("demo accounts are for development only (DJANGO_DEBUG is off)")
         _, admin_created = user_ensure(username="admin", password="admin", superuser=True)
-        _, reviewer_created = user_ensure(username="reviewer", password="reviewer", staff=True, reviewer=True)
+        reviewer, reviewer_created = user_ensure(username="reviewer", password="reviewer", staff=True, reviewer=True)
+        if not reviewer.email:
+            # Questions e-mail their assignees; under `make run` the console backend prints them.
+            reviewer.email = "reviewer@localhost"
+            reviewer.save(update_fields=["email"])
         for name, created in (("admin", admin_created), ("reviewer", reviewer_created)):
             if created:
                 self.stdout.write(self.style.WARNING(

@@ -1,0 +1,215 @@
+"""The admin's answer form for each question type.
+
+The forms only turn posted fields into the answer's JSON; the answer is then checked against
+the question's schema by `approvals.services.question_answer`, as on every other path. JSON is
+asked for only when the schema is nested beyond what fields can show.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.utils.text import capfirst
+
+from approvals.models import Question
+from approvals.schemas import QuestionType, choice_options, is_flat_object, ordered_properties, question_type
+
+TEXTAREA = {"rows": 3, "cols": 60}
+
+
+class AnswerForm(forms.Form):
+    """Base of the answer forms: `answer()` is the JSON answer, `comment()` the free comment."""
+
+    # (name, label, css class) of the submit buttons drawn under the form.
+    buttons: list[tuple[str, str, str]] = [("_answer", "Send answer", "default")]
+
+    def __init__(self, question: Question, data: Any = None) -> None:
+        super().__init__(data)
+        self.question = question
+        self.schema = question.schema
+
+    def answer(self) -> Any:
+        raise NotImplementedError
+
+    def comment(self) -> str:
+        return (self.cleaned_data.get("comment") or "").strip()
+
+
+def _comment_field() -> forms.CharField:
+    return forms.CharField(required=False, label="Comment (optional)", widget=forms.Textarea(attrs=TEXTAREA))
+
+
+def _choices(schema: dict) -> list[tuple[str, str]]:
+    # Values travel as JSON so numbers and strings come back as they were.
+    return [(json.dumps(value), label) for value, label in choice_options(schema)]
+
+
+class ApprovalAnswerForm(AnswerForm):
+    """Approve or reject, with a reason (required to reject when the schema says so)."""
+
+    buttons = [("_approve", "Approve", "default"), ("_reject", "Reject", "")]
+    reason = forms.CharField(required=False, widget=forms.Textarea(attrs=TEXTAREA))
+
+    def __init__(self, question: Question, data: Any = None) -> None:
+        super().__init__(question, data)
+        self.reason_required = "then" in self.schema
+        self.fields["reason"].label = "Reason (required to reject)" if self.reason_required else "Reason (optional)"
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if "_approve" not in self.data and "_reject" not in self.data:
+            raise forms.ValidationError("press Approve or Reject")
+        if "_reject" in self.data and self.reason_required and not (cleaned.get("reason") or "").strip():
+            self.add_error("reason", "give a reason to reject")
+        return cleaned
+
+    def answer(self) -> dict[str, Any]:
+        result: dict[str, Any] = {"approved": "_approve" in self.data}
+        reason = (self.cleaned_data.get("reason") or "").strip()
+        if reason:
+            result["reason"] = reason
+        return result
+
+    def comment(self) -> str:
+        return (self.cleaned_data.get("reason") or "").strip()
+
+
+class ChoiceAnswerForm(AnswerForm):
+    """Exactly one option, as radio buttons."""
+
+    def __init__(self, question: Question, data: Any = None) -> None:
+        super().__init__(question, data)
+        self.fields["choice"] = forms.ChoiceField(choices=_choices(self.schema), widget=forms.RadioSelect,
+                                                  label="Your choice")
+        self.fields["comment"] = _comment_field()
+
+    def answer(self) -> Any:
+        return json.loads(self.cleaned_data["choice"])
+
+
+class MultipleChoiceAnswerForm(AnswerForm):
+    """Some options, as checkboxes; how many is checked by the schema (minItems, maxItems)."""
+
+    def __init__(self, question: Question, data: Any = None) -> None:
+        super().__init__(question, data)
+        low, high = self.schema.get("minItems", 0), self.schema.get("maxItems")
+        hint = f"choose at least {low}" + (f" and at most {high}" if high is not None else "")
+        self.fields["choices"] = forms.MultipleChoiceField(
+            choices=_choices(self.schema.get("items") or {}), widget=forms.CheckboxSelectMultiple,
+            required=low > 0, label="Your choices", help_text=hint,
+        )
+        self.fields["comment"] = _comment_field()
+
+    def answer(self) -> list[Any]:
+        return [json.loads(value) for value in self.cleaned_data.get("choices") or []]
+
+
+class TextAnswerForm(AnswerForm):
+    """A free text, at most `maxLength` characters."""
+
+    def __init__(self, question: Question, data: Any = None) -> None:
+        super().__init__(question, data)
+        self.fields["text"] = forms.CharField(
+            label="Your answer", widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), strip=False,
+            max_length=self.schema.get("maxLength"), required=self.schema.get("minLength", 0) > 0,
+        )
+        self.fields["comment"] = _comment_field()
+
+    def answer(self) -> str:
+        return self.cleaned_data.get("text") or ""
+
+
+def _property_field(prop: dict, *, required: bool, label: str) -> forms.Field:
+    """A form field for one scalar (or list-of-choices) property of a flat object schema."""
+    common: dict[str, Any] = {"required": required, "label": label, "help_text": prop.get("description", "")}
+    kind = prop.get("type")
+    if kind == "array":
+        return forms.MultipleChoiceField(choices=_choices(prop.get("items") or {}),
+                                         widget=forms.CheckboxSelectMultiple, **common)
+    if choice_options(prop):
+        blank = [] if required else [("", "—")]
+        return forms.ChoiceField(choices=blank + _choices(prop), **common)
+    if kind == "integer":
+        return forms.IntegerField(min_value=prop.get("minimum"), max_value=prop.get("maximum"), **common)
+    if kind == "number":
+        return forms.FloatField(min_value=prop.get("minimum"), max_value=prop.get("maximum"), **common)
+    if kind == "boolean":
+        return forms.BooleanField(**{**common, "required": False})  # a checkbox: always true or false
+    if prop.get("format") == "date":
+        return forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), **common)
+    if prop.get("format") == "email":
+        return forms.EmailField(**common)
+    long = (prop.get("maxLength") or 10_000) > 200
+    return forms.CharField(max_length=prop.get("maxLength"), min_length=prop.get("minLength"),
+                           widget=forms.Textarea(attrs=TEXTAREA) if long else forms.TextInput(attrs={"size": 40}),
+                           **common)
+
+
+class FlatFormAnswerForm(AnswerForm):
+    """An object whose properties are scalars: one field each (text, number, checkbox, select)."""
+
+    def __init__(self, question: Question, data: Any = None) -> None:
+        super().__init__(question, data)
+        required = set(self.schema.get("required") or [])
+        self.properties: list[tuple[str, str, dict]] = []
+        for name, prop in ordered_properties(self.schema):
+            field_name = f"p_{name}"
+            self.properties.append((field_name, name, prop))
+            self.fields[field_name] = _property_field(prop, required=name in required,
+                                                      label=prop.get("title") or capfirst(name.replace("_", " ")))
+        self.fields["comment"] = _comment_field()
+
+    def answer(self) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for field_name, name, prop in self.properties:
+            value = self.cleaned_data.get(field_name)
+            if prop.get("type") == "boolean":
+                result[name] = bool(value)
+            elif value in (None, "", []):
+                continue  # not given: the schema's `required` decides whether that is allowed
+            elif prop.get("type") == "array":
+                result[name] = [json.loads(item) for item in value]
+            elif choice_options(prop):
+                result[name] = json.loads(value)
+            elif hasattr(value, "isoformat"):
+                result[name] = value.isoformat()
+            else:
+                result[name] = value
+        return result
+
+
+class JsonAnswerForm(AnswerForm):
+    """A nested schema: the answer as JSON, checked against the schema by the service."""
+
+    def __init__(self, question: Question, data: Any = None) -> None:
+        super().__init__(question, data)
+        self.fields["answer_json"] = forms.CharField(
+            label="Answer (JSON)", help_text="A JSON value matching the answer schema shown above.",
+            widget=forms.Textarea(attrs={"rows": 8, "cols": 60, "style": "font-family: monospace"}),
+        )
+        self.fields["comment"] = _comment_field()
+
+    def clean_answer_json(self) -> Any:
+        try:
+            return json.loads(self.cleaned_data["answer_json"])
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc}") from exc
+
+    def answer(self) -> Any:
+        return self.cleaned_data["answer_json"]
+
+
+def answer_form_for(question: Question, data: Any = None) -> AnswerForm:
+    """The form that fits the question's type (JSON only for nested schemas)."""
+    kind = question_type(question.schema)
+    form_class: type[AnswerForm] = {
+        QuestionType.APPROVAL: ApprovalAnswerForm,
+        QuestionType.CHOICE: ChoiceAnswerForm,
+        QuestionType.MULTIPLE_CHOICE: MultipleChoiceAnswerForm,
+        QuestionType.TEXT: TextAnswerForm,
+    }.get(kind, JsonAnswerForm)
+    if kind == QuestionType.FORM and is_flat_object(question.schema):
+        form_class = FlatFormAnswerForm
+    return form_class(question, data)

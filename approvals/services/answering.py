@@ -1,0 +1,158 @@
+"""Answering: the one permission check and the one answer service, for every path (admin form,
+admin bulk action, API, the job page) and, for deadlines, the system."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from approvals.models import Decision, Question
+from approvals.schemas import QuestionType
+from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
+from approvals.services.errors import (
+    AlreadyAnswered,
+    AlreadyVoted,
+    InvalidAnswer,
+    NotAllowedToAnswer,
+    QuestionClosed,
+    QuestionNotFound,
+)
+from approvals.services.ledger import decision_record
+from jobs.events import event_append
+from jobs.services import job_resume
+
+
+def answer_validate(*, schema: dict, answer: Any) -> None:
+    """Raise InvalidAnswer naming the offending field when `answer` breaks `schema`."""
+    error = best_match(Draft202012Validator(schema).iter_errors(answer))
+    if error is None:
+        return
+    where = ".".join(str(part) for part in error.absolute_path)
+    field = f"answer.{where}" if where else "answer"
+    raise InvalidAnswer(f"{field}: {error.message}", field=field)
+
+
+def question_check_can_answer(*, question: Question, user: Any) -> None:
+    """The one check of who may answer, for every path (admin, bulk action, API, job page).
+
+    The user must be signed in and active, hold the `approvals.answer_question` permission, be
+    one of the question's assignees (directly or through a group; superusers may answer any
+    question), and not be the job's submitter unless its kind has `allow_self_approval`.
+    Raises NotAllowedToAnswer saying which rule refused.
+    """
+    if user is None or not user.is_authenticated or not user.is_active:
+        raise NotAllowedToAnswer("sign in to answer questions")
+    username = user.get_username()
+    if not user.has_perm(ANSWER_PERMISSION):
+        raise NotAllowedToAnswer(
+            f"user {username!r} may not answer questions (needs the {ANSWER_PERMISSION!r} permission, "
+            "for example through the 'reviewers' group)"
+        )
+    if not user.is_superuser:
+        assigned = Question.objects.filter(pk=question.pk).filter(
+            Q(assigned_users=user) | Q(assigned_groups__user=user)
+        )
+        if not assigned.exists():
+            who = ", ".join(question.assignee_names()) or "nobody (only superusers may answer it)"
+            raise NotAllowedToAnswer(f"this question is assigned to {who}; {username!r} is not one of them")
+    job = question.job
+    if job.owner_id is not None and job.owner_id == user.pk and job.kind not in kinds_allowing_self_approval():
+        raise NotAllowedToAnswer(
+            f"{username!r} submitted this job and may not answer its questions (job kind {job.kind!r} does not "
+            "allow self-approval); another reviewer must answer"
+        )
+
+
+def _answered_by_text(question: Question) -> str:
+    who = question.answered_by.get_username() if question.answered_by else "the system (its deadline passed)"
+    return f"this question was already answered by {who} at {question.answered_at:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def question_answer(
+    *,
+    question_id: Any,
+    user: Any,
+    answer: Any,
+    comment: str = "",
+    channel: str = "admin",
+    client_address: str | None = None,
+) -> Question:
+    """Record `user`'s answer to an open question and, once it is decided, resume its job.
+
+    Checks the question is open, the user may answer it (`question_check_can_answer`) and the
+    answer fits the schema; every answer is a row in the decision ledger. For a quorum
+    (`required_approvals` > 1) an approval is a vote: the question stays open until that many
+    distinct reviewers approved; a rejection decides at once. A deciding answer records who and
+    when and moves the job `paused → pending` (dispatched after the commit). An answer to a
+    decided question raises AlreadyAnswered naming who answered first; to a cancelled or
+    expired one, QuestionClosed.
+    """
+    with transaction.atomic():
+        # Not select_related("answered_by"): when this waits for another answer's lock, PostgreSQL
+        # re-reads the locked row but not the joined user, which would still be "nobody".
+        question = Question.objects.select_for_update(of=("self",)).select_related("job").filter(pk=question_id).first()
+        if question is None:
+            raise QuestionNotFound(f"question {question_id} does not exist")
+        if question.status == Question.Status.ANSWERED:
+            raise AlreadyAnswered(_answered_by_text(question))
+        if question.status != Question.Status.OPEN:
+            raise QuestionClosed(f"this question is {question.status} and can no longer be answered")
+        question_check_can_answer(question=question, user=user)
+        answer_validate(schema=question.schema, answer=answer)
+
+        record = {"question": question, "actor": user, "channel": channel, "answer": answer, "comment": comment,
+                  "client_address": client_address}
+        if question.type != QuestionType.APPROVAL:
+            decision_record(kind=Decision.Kind.ANSWERED, **record)
+        elif not answer.get("approved"):
+            decision_record(kind=Decision.Kind.REJECTED, **record)
+        else:
+            if question.decisions.filter(round=question.round, kind=Decision.Kind.APPROVED, actor=user).exists():
+                raise AlreadyVoted(
+                    f"{user.get_username()!r} already approved this question; it needs "
+                    f"{question.required_approvals - question.approvals_so_far()} more approval(s) from other reviewers"
+                )
+            approvals = question.approvals_so_far() + 1
+            decision_record(kind=Decision.Kind.APPROVED, detail={"approvals": approvals,
+                                                                  "required": question.required_approvals}, **record)
+            if approvals < question.required_approvals:
+                event_append(
+                    job_id=question.job_id, type="question", step=question.key, status="voted",
+                    message={"by": user.get_username(), "channel": channel, "approvals": approvals,
+                             "required": question.required_approvals},
+                )
+                return question
+        question_settle(question=question, answer=answer, user=user, comment=comment, channel=channel)
+    return question
+
+
+def question_settle(
+    *, question: Question, answer: Any, user: Any, comment: str, channel: str, event_status: str = "answered",
+    event_message: dict[str, Any] | None = None,
+) -> None:
+    """Mark `question` answered with `answer` and resume its job: the one way a question is
+    decided, by a person or (with `user` None) by a deadline's default.
+
+    Precondition: the caller is in a transaction holding the question's row lock, and has
+    written the ledger row.
+    """
+    question.status = Question.Status.ANSWERED
+    question.answer = answer
+    question.comment = comment or ""
+    question.answered_by = user
+    question.answered_at = timezone.now()
+    question.save(update_fields=["status", "answer", "comment", "answered_by", "answered_at"])
+    by = user.get_username() if user is not None else "system"
+    event_append(
+        job_id=question.job_id,
+        type="question",
+        step=question.key,
+        status=event_status,
+        message=event_message or {"by": by, "channel": channel, "answer": answer},
+    )
+    job_resume(job_id=question.job_id, reason={"answered": question.key})

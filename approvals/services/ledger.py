@@ -1,0 +1,68 @@
+"""The decision ledger: one row per answer, vote, expiry, escalation, cancellation or re-opening.
+
+Rows are only ever inserted (`Decision` refuses updates and deletes; on PostgreSQL a trigger
+does too), in the transaction of the change they record.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest
+
+from approvals.models import Decision, Question
+
+
+def decision_record(
+    *,
+    question: Question,
+    kind: str,
+    actor: Any = None,
+    channel: str,
+    answer: Any = None,
+    comment: str = "",
+    client_address: str | None = None,
+    detail: dict[str, Any] | None = None,
+) -> Decision:
+    """Append one row to the ledger for `question` as it is now (its round and digest).
+
+    Precondition: the caller is in the transaction that makes the change, holding the question's
+    row lock. `actor` None is the system.
+    """
+    return Decision.objects.create(
+        question=question,
+        job_id=question.job_id,
+        round=question.round,
+        kind=kind,
+        actor=actor,
+        actor_name=actor.get_username() if actor is not None else "system",
+        channel=channel,
+        answer=answer,
+        comment=comment or "",
+        client_address=_valid_address(client_address),
+        digest=question.digest,
+        detail=detail or {},
+    )
+
+
+def _valid_address(value: str | None) -> str | None:
+    if not value:
+        return None
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        return None
+
+
+def request_client_address(request: HttpRequest | Any) -> str | None:
+    """The client's IP address for the ledger: REMOTE_ADDR, or the first address of
+    X-Forwarded-For when APPROVALS_TRUST_X_FORWARDED_FOR says a proxy in front sets it (never
+    trust that header otherwise: any client can send it)."""
+    meta = getattr(request, "META", {}) or {}
+    if settings.APPROVALS_TRUST_X_FORWARDED_FOR:
+        forwarded = _valid_address((meta.get("HTTP_X_FORWARDED_FOR") or "").split(",")[0])
+        if forwarded:
+            return forwarded
+    return _valid_address(meta.get("REMOTE_ADDR"))

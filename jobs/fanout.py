@@ -1,0 +1,111 @@
+"""Fan-out of pushed job events inside one server process.
+
+Channels' usual way gives every websocket its own channel and has channels-redis copy each
+group message into each member's channel: with 1,000 sockets following jobs, every event wakes
+that many receivers, each paying the channel layer's receive machinery (about 0.1 ms of CPU per
+socket per event, measured by `bench/progress.py`). Here a server process joins each group
+once, through ONE channel of its own, and hands each message to the local followers directly.
+
+A follower is anything with a non-blocking `deliver(message)` (the websocket consumers, the SSE
+stream). `follow` returns only once the process is a member of the group, so a caller that
+follows first and reads the database second misses nothing (the consumers' "join first").
+Memberships are renewed every `renew_interval` (a Redis that restarted empty forgets them; the
+consumers' periodic check covers the pushes lost meanwhile) and dropped once nobody here follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections import defaultdict
+from typing import Any, Protocol
+
+from channels.layers import get_channel_layer
+
+logger = logging.getLogger(__name__)
+
+
+class Follower(Protocol):
+    def deliver(self, message: dict[str, Any]) -> None:
+        """Take one pushed message; must not block (queue it, or set an event)."""
+
+
+class LocalFanout:
+    """One channel and one receive loop per event loop, shared by every follower on it."""
+
+    renew_interval = 30.0  # seconds between renewals of this process's group memberships
+    _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self.layer = get_channel_layer()
+        self.channel: str | None = None
+        self.followers: defaultdict[str, set[Follower]] = defaultdict(set)
+        self.joined: dict[str, float] = {}  # group -> time.monotonic() of its last group_add
+        self.lock = asyncio.Lock()  # joins and leaves, one at a time
+        self.tasks: list[asyncio.Task] = []
+
+    @classmethod
+    def here(cls) -> LocalFanout:
+        """The fan-out of the running event loop (one per server process)."""
+        loop = asyncio.get_running_loop()
+        fanout = cls._by_loop.get(loop)
+        if fanout is None:
+            fanout = cls._by_loop[loop] = cls()
+        return fanout
+
+    async def follow(self, group: str, follower: Follower) -> None:
+        """Deliver the messages of `group` to `follower`; returns once this process is a member."""
+        self.followers[group].add(follower)
+        if group in self.joined:
+            return  # a leave checks for followers under the lock, so it will not drop this one
+        async with self.lock:
+            if self.channel is None:
+                self.channel = await self.layer.new_channel(prefix="fanout")
+                self.tasks = [asyncio.ensure_future(self._receive_forever()),
+                              asyncio.ensure_future(self._renew_forever())]
+            if group not in self.joined:
+                await self.layer.group_add(group, self.channel)
+                self.joined[group] = time.monotonic()
+
+    def unfollow(self, group: str, follower: Follower) -> None:
+        """Stop delivering `group` to `follower` (the membership is dropped at the next renewal)."""
+        followers = self.followers.get(group)
+        if followers is not None:
+            followers.discard(follower)
+            if not followers:
+                del self.followers[group]
+
+    async def _receive_forever(self) -> None:
+        while True:
+            try:
+                message = await self.layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away: pushes are lost meanwhile, the database is not
+                logger.warning("job event fan-out cannot receive: %s: %s", type(exc).__name__, exc)
+                await asyncio.sleep(1)
+                continue
+            for follower in list(self.followers.get(message.get("group", ""), ())):
+                try:
+                    follower.deliver(message)
+                except Exception:
+                    logger.exception("a follower of %s failed to take a message", message.get("group"))
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.renew_interval)
+            for group in list(self.joined):
+                try:
+                    async with self.lock:
+                        if group not in self.joined:
+                            continue
+                        if self.followers.get(group):
+                            await self.layer.group_add(group, self.channel)
+                            self.joined[group] = time.monotonic()
+                        else:
+                            del self.joined[group]
+                            await self.layer.group_discard(group, self.channel)
+                except Exception as exc:  # try again at the next renewal
+                    logger.warning("could not renew membership of %s: %s: %s", group, type(exc).__name__, exc)

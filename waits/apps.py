@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class WaitsConfig(AppConfig):
+    """Jobs parked on slow external work: waits, wake tokens, backup checks, the simulated service."""
+
+    name = "waits"
+    verbose_name = "Waits on external work"
+    default_auto_field = "django.db.models.BigAutoField"

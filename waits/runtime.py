@@ -1,0 +1,166 @@
+"""`ctx.wait_for`: hand work to an outside service, park the job, pick up the result when woken.
+
+One call of `wait_for` does one step of the wait and then either returns the result or stops
+the run (`ParkForWait`, or `JobFailure` with the wait's error code). The handler runs again from
+the top when the job is woken (by the callback, a backup mark, a poll or a person), reaches the
+same `wait_for` and takes the next step:
+
+    submitting --accepted--> waiting --check: pending--> waiting ... --check: succeeded--> result
+        |  429 / transport fault: park until Retry-After / back-off, same token next time
+        +-- budget spent: throttled / gateway_unavailable; past the last mark: deadline_exceeded
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from django.utils import timezone
+
+from jobs.runtime import JobFailure, ParkForWait
+from waits.models import Wait
+from waits.policy import CheckResult, Throttled, TransportError, WaitPolicy
+from waits.services import (
+    Event,
+    wait_execution_begin,
+    wait_fail_apply,
+    wait_open,
+    wait_park_apply,
+    wait_update,
+    wake_token,
+    wake_url,
+)
+
+if TYPE_CHECKING:
+    from jobs.runtime import JobContext
+
+Submit = Callable[[str, "str | None"], Any]
+Check = Callable[[str], CheckResult]
+
+
+def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy: WaitPolicy | None = None,
+             service: str = "") -> Any:
+    """See `jobs.runtime.JobContext.wait_for`."""
+    policy = policy or WaitPolicy()
+    wait = wait_open(job_id=ctx.job_id, key=key, service=service, policy=policy)
+    if wait.state == Wait.State.SUCCEEDED:
+        return wait.result
+    wait = wait_execution_begin(wait_id=wait.pk)
+    if wait.executions > policy.max_executions:
+        _fail(ctx, wait, "wait_backstop",
+              f"the job ran {wait.executions} times through wait {key!r}, more than max_executions "
+              f"({policy.max_executions}); stopped as a runaway loop")
+    if wait.state == Wait.State.SUBMITTING:
+        _submit(ctx, wait, policy, submit)
+    return _check(ctx, wait, policy, check)
+
+
+def _submit(ctx: JobContext, wait: Wait, policy: WaitPolicy, submit: Submit) -> NoReturn:
+    token = wake_token(wait.token_salt)
+    try:
+        external_id = submit(token, wake_url(token) if policy.callback else None)
+    except Throttled as exc:
+        _throttled(ctx, wait, policy, exc)
+    except TransportError as exc:
+        _transport_failed(ctx, wait, policy, exc)
+    now = timezone.now()
+    first = policy.marks[0] if policy.callback else policy.min_interval
+    fields = {
+        "state": Wait.State.WAITING, "external_id": str(external_id), "accepted_at": now, "transport_failures": 0,
+        "next_due_at": now + timedelta(seconds=first), "deadline_at": now + timedelta(seconds=policy.deadline),
+    }
+    _park(ctx, wait, fields, "accepted", {"external_id": str(external_id)})
+
+
+def _check(ctx: JobContext, wait: Wait, policy: WaitPolicy, check: Check) -> Any:
+    try:
+        outcome = check(wait.external_id)
+    except Throttled as exc:
+        _throttled(ctx, wait, policy, exc)
+    except TransportError as exc:
+        _transport_failed(ctx, wait, policy, exc)
+    if not isinstance(outcome, CheckResult):
+        raise TypeError(f"check() must return a waits.policy.CheckResult, not {type(outcome).__name__}")
+    now = timezone.now()
+    checks = wait.checks + 1
+    fields: dict[str, Any] = {"checks": checks, "transport_failures": 0, "last_checked_at": now}
+    checked: Event = ("checked", {"outcome": outcome.state, "checks": checks})
+    if outcome.state == "succeeded":
+        fields.update(state=Wait.State.SUCCEEDED, result=outcome.result, next_due_at=None)
+        done: Event = ("done", {"checks": checks, "executions": wait.executions})
+        wait_update(wait=wait, fields=fields, events=[checked, done], run_attempt=ctx.attempt)
+        return outcome.result
+    if outcome.state == "failed":
+        _fail(ctx, wait, "external_failed", f"{wait.service or 'the service'} failed: {outcome.reason}",
+              fields, [checked])
+    if outcome.progress is not None:
+        ctx.progress(outcome.progress, outcome.text)
+    if wait.deadline_at is not None and now >= wait.deadline_at:
+        _fail(ctx, wait, "deadline_exceeded",
+              f"{wait.service or 'the external work'} was still pending {policy.deadline:g}s after it was accepted",
+              fields, [checked])
+    fields["next_due_at"] = _next_look(wait, policy, now, checks)
+    _park(ctx, wait, fields, "pending", {}, events=[checked])
+
+
+def _next_look(wait: Wait, policy: WaitPolicy, now: datetime, checks: int) -> datetime:
+    """The next backup mark after now (callback mode), or the next poll (polling mode)."""
+    deadline = wait.deadline_at or now
+    if policy.callback:
+        accepted = wait.accepted_at or now
+        for mark in policy.marks:
+            due = accepted + timedelta(seconds=mark)
+            if due > now:
+                return due
+        return deadline
+    interval = min(policy.max_interval, policy.min_interval * policy.factor ** checks)
+    return min(now + timedelta(seconds=interval), deadline)
+
+
+def _throttled(ctx: JobContext, wait: Wait, policy: WaitPolicy, exc: Throttled) -> NoReturn:
+    # A 429 reached the service: the transport budget starts again. The mark clock starts only at
+    # acceptance, so bounces before it do not eat into the deadline.
+    bounces = wait.throttle_bounces + 1
+    fields: dict[str, Any] = {"throttle_bounces": bounces, "transport_failures": 0}
+    if bounces > policy.max_throttle_bounces:
+        _fail(ctx, wait, "throttled",
+              f"{wait.service or 'the service'} answered 429 {bounces} times (max_throttle_bounces "
+              f"{policy.max_throttle_bounces})", fields)
+    fields["next_due_at"] = timezone.now() + timedelta(seconds=exc.retry_after)
+    _park(ctx, wait, fields, "throttled", {"retry_after": exc.retry_after, "bounces": bounces})
+
+
+def _transport_failed(ctx: JobContext, wait: Wait, policy: WaitPolicy, exc: TransportError) -> NoReturn:
+    failures = wait.transport_failures + 1
+    fields: dict[str, Any] = {"transport_failures": failures,
+                              "transport_failures_total": wait.transport_failures_total + 1}
+    if failures > policy.max_transport_failures:
+        _fail(ctx, wait, "gateway_unavailable",
+              f"{wait.service or 'the service'} could not be reached {failures} times in a row "
+              f"(max_transport_failures {policy.max_transport_failures}): {exc}", fields)
+    delay = policy.transport_backoff * 2 ** (failures - 1)
+    fields["next_due_at"] = timezone.now() + timedelta(seconds=delay)
+    _park(ctx, wait, fields, "transport_error", {"error": str(exc)[:500], "failures": failures, "retry_in": delay})
+
+
+def _park(ctx: JobContext, wait: Wait, fields: dict[str, Any], reason: str, detail: dict[str, Any],
+          events: list[Event] | None = None) -> NoReturn:
+    next_due = fields.get("next_due_at")
+    deadline = fields.get("deadline_at", wait.deadline_at)
+    parked: Event = ("parked", {
+        "reason": reason, "service": wait.service, "external_id": fields.get("external_id", wait.external_id),
+        "next_check_at": next_due.isoformat() if next_due else None,
+        "deadline_at": deadline.isoformat() if deadline else None, **detail,
+    })
+    apply = partial(wait_park_apply, wait=wait, fields=fields, events=[*(events or []), parked],
+                    run_attempt=ctx.attempt)
+    raise ParkForWait(key=wait.key, apply=apply, message={"wait": wait.key, "reason": reason})
+
+
+def _fail(ctx: JobContext, wait: Wait, code: str, message: str, fields: dict[str, Any] | None = None,
+          events: list[Event] | None = None) -> NoReturn:
+    record = partial(wait_fail_apply, wait=wait, code=code, message=message, fields=fields or {},
+                     events=events or [], run_attempt=ctx.attempt)
+    raise JobFailure(code, message, record=record)

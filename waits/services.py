@@ -1,0 +1,209 @@
+"""Every write to a wait goes through here: open, run bookkeeping, park, finish, wake, look now,
+cancel. The job's own moves (`processing → waiting`, `waiting → pending`) stay in
+`jobs.services`; these functions call them in the same transaction as the wait row's update.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs.errors import InvalidTransition
+from jobs.events import event_append
+from jobs.models import Job
+from jobs.services import job_cancel, job_resume
+from waits.errors import WaitNotActive, WakeTokenInvalid
+from waits.models import Wait
+from waits.policy import WaitPolicy
+from waits.selectors import waits_due
+
+logger = logging.getLogger(__name__)
+
+Event = tuple[str, dict[str, Any]]  # (wait event status, message)
+
+
+# -- tokens -----------------------------------------------------------------------------------
+def wake_token(salt: str) -> str:
+    """The wake token of a wait: HMAC-SHA256 of its salt under SECRET_KEY, URL-safe.
+
+    Derived rather than stored, so that every retry of a submit (in any process, after any
+    restart) hands the service the same token, which doubles as its idempotency key, while the
+    database holds only the salt and the token's hash.
+    """
+    mac = hmac.new(settings.SECRET_KEY.encode(), f"waits.wake:{salt}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def wake_token_hash(token: str) -> str:
+    """SHA-256 of a token, hex: the only form a token is stored in."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def wake_url(token: str) -> str:
+    """The callback URL the service is given: PUBLIC_URL + /api/wake/{token}/."""
+    return settings.PUBLIC_URL + reverse("wait-wake", args=[token])
+
+
+def _fresh_token_fields() -> dict[str, Any]:
+    salt = secrets.token_hex(16)
+    return {"token_salt": salt, "token_hash": wake_token_hash(wake_token(salt)), "token_used_at": None}
+
+
+# -- what a run does --------------------------------------------------------------------------
+def wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy) -> Wait:
+    """The job's wait `key`, created (with its token minted) on first use.
+
+    A wait that failed or was cancelled starts again from scratch with a new token: the job is
+    being run again because a person retried it.
+    """
+    wait = Wait.objects.filter(job_id=job_id, key=key).first()
+    mode = Wait.Mode.CALLBACK if policy.callback else Wait.Mode.POLL
+    if wait is None:
+        try:
+            with transaction.atomic():
+                return Wait.objects.create(
+                    job_id=job_id, key=key, service=service, mode=mode, policy=policy.as_dict(),
+                    **_fresh_token_fields(),
+                )
+        except IntegrityError:  # a duplicate delivery of the same run raced us to it
+            return Wait.objects.get(job_id=job_id, key=key)
+    if wait.state in (Wait.State.FAILED, Wait.State.CANCELLED):
+        fields = {
+            **_fresh_token_fields(), "state": Wait.State.SUBMITTING, "service": service, "mode": mode,
+            "policy": policy.as_dict(), "external_id": "", "woken_at": None, "checks": 0, "throttle_bounces": 0,
+            "transport_failures": 0, "transport_failures_total": 0, "executions": 0, "accepted_at": None,
+            "next_due_at": None, "deadline_at": None, "last_checked_at": None, "result": None, "error": None,
+            "updated_at": timezone.now(),
+        }
+        Wait.objects.filter(pk=wait.pk).update(**fields)
+        wait.refresh_from_db()
+    return wait
+
+
+def wait_execution_begin(*, wait_id: int) -> Wait:
+    """Count one more run through the wait and consume a pending wake (this run will look)."""
+    Wait.objects.filter(pk=wait_id).update(executions=F("executions") + 1, woken_at=None, updated_at=timezone.now())
+    return Wait.objects.get(pk=wait_id)
+
+
+def wait_update(*, wait: Wait, fields: dict[str, Any], events: list[Event], run_attempt: int) -> None:
+    """Write `fields` of the wait and its `wait` events in one transaction, fenced to the run."""
+    with transaction.atomic():
+        for status, message in events:
+            event_append(job_id=wait.job_id, type="wait", step=wait.key, status=status, message=message,
+                         run_attempt=run_attempt)
+        Wait.objects.filter(pk=wait.pk).update(**fields, updated_at=timezone.now())
+
+
+def wait_park_apply(*, wait: Wait, fields: dict[str, Any], events: list[Event], run_attempt: int) -> bool:
+    """Record the wait's next due time as the job parks (called by `jobs.services.job_park`, in
+    its transaction). Returns True when a wake arrived while the run was still going: the wait is
+    then due now and the job is resumed at once, so no callback is ever lost to that race."""
+    with transaction.atomic():
+        woken_at = Wait.objects.select_for_update().filter(pk=wait.pk).values_list("woken_at", flat=True).first()
+        due_now = woken_at is not None
+        if due_now:
+            fields = {**fields, "next_due_at": timezone.now()}
+        wait_update(wait=wait, fields=fields, events=events, run_attempt=run_attempt)
+    return due_now
+
+
+def wait_fail_apply(*, wait: Wait, code: str, message: str, fields: dict[str, Any], events: list[Event],
+                    run_attempt: int) -> None:
+    """Mark the wait failed (called by `jobs.services.job_fail`, in the job's failing transaction)."""
+    fields = {**fields, "state": Wait.State.FAILED, "error": {"code": code, "message": message},
+              "next_due_at": None}
+    events = [*events, ("failed", {"code": code, "message": message})]
+    wait_update(wait=wait, fields=fields, events=events, run_attempt=run_attempt)
+
+
+# -- what wakes a wait ------------------------------------------------------------------------
+def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None) -> None:
+    """Caller holds the wait's row lock inside a transaction."""
+    now = timezone.now()
+    Wait.objects.filter(pk=wait.pk).update(woken_at=now, next_due_at=now, updated_at=now)
+    event_append(job_id=wait.job_id, type="wait", step=wait.key, status="woken", message={"by": by, **(message or {})})
+    try:
+        job_resume(job_id=wait.job_id, reason={"wait": wait.key, "by": by})
+    except InvalidTransition:
+        # The run has not parked yet (the service called back at once), or a look is already
+        # on its way: the run finds `woken_at` when it parks and resumes at once.
+        pass
+
+
+def wake_token_redeem(*, token: str) -> Wait:
+    """Take a callback: make the wait due now and resume its job. Usable once.
+
+    The callback is a signal, not a payload: the woken job collects the result through `check`,
+    so a forged or replayed callback can at worst cause one early check. Raises WakeTokenInvalid
+    (the same for an unknown, used or expired token).
+    """
+    digest = wake_token_hash(token)
+    with transaction.atomic():
+        wait = (
+            Wait.objects.select_for_update(of=("self",)).select_related("job").filter(token_hash=digest).first()
+        )
+        usable = (
+            wait is not None
+            and hmac.compare_digest(wait.token_hash, digest)
+            and wait.token_used_at is None
+            and wait.is_active
+            and wait.job.status not in Job.TERMINAL
+        )
+        if not usable:
+            raise WakeTokenInvalid("unknown, used or expired wake token")
+        Wait.objects.filter(pk=wait.pk).update(token_used_at=timezone.now())
+        _wake(wait=wait, by="callback")
+    return wait
+
+
+def waits_resume_due(*, limit: int = 500) -> int:
+    """Run by beat: resume the parked job of every active wait whose next look is due (a backup
+    mark, a poll, the end of a Retry-After or of a transport back-off). Returns how many."""
+    resumed = 0
+    for _wait_id, job_id, key in waits_due(limit=limit):
+        try:
+            with transaction.atomic():
+                event_append(job_id=job_id, type="wait", step=key, status="woken", message={"by": "schedule"})
+                job_resume(job_id=job_id, reason={"wait": key, "by": "schedule"})
+        except InvalidTransition:
+            continue  # it moved meanwhile (cancelled, or a callback resumed it)
+        resumed += 1
+    return resumed
+
+
+def wait_check_now(*, wait_id: int, actor: Any = None) -> Wait:
+    """A person asks for a look now (from the admin): the wait is due at once and its job resumes."""
+    with transaction.atomic():
+        wait = Wait.objects.select_for_update().filter(pk=wait_id).first()
+        if wait is None or not wait.is_active:
+            raise WaitNotActive(f"wait {wait_id} has finished; there is nothing to check")
+        _wake(wait=wait, by="admin", message={"user": getattr(actor, "username", None)})
+    return wait
+
+
+def wait_cancel(*, wait_id: int, actor: Any = None) -> Wait:
+    """A person gives up on the external work: the wait is cancelled and so is its job."""
+    with transaction.atomic():
+        wait = Wait.objects.select_for_update().filter(pk=wait_id).first()
+        if wait is None or not wait.is_active:
+            raise WaitNotActive(f"wait {wait_id} has finished; there is nothing to cancel")
+        Wait.objects.filter(pk=wait.pk).update(
+            state=Wait.State.CANCELLED, next_due_at=None, updated_at=timezone.now(),
+            error={"code": "cancelled", "message": f"cancelled by {getattr(actor, 'username', 'the system')}"},
+        )
+        event_append(job_id=wait.job_id, type="wait", step=wait.key, status="failed",
+                     message={"code": "cancelled", "by": getattr(actor, "username", None)})
+        job_cancel(job_id=wait.job_id, actor=actor, channel="admin")
+    wait.refresh_from_db()
+    return wait

@@ -287,12 +287,14 @@ def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None) -> Job:
 
 def job_cancel(*, job_id: Any, actor: Any = None, channel: str | None = None) -> Job:
     """Cancel a job that has not finished, closing its open questions (each with a row in the
-    decision ledger naming `actor` and the `channel`: admin, api, web or system).
+    decision ledger naming `actor` and the `channel`: admin, api, web or system) and its
+    active waits on external work.
 
     A running job stops at its next `ctx` call (its writes are fenced to the run that owns
     it), so a cancelled job never turns `completed` afterwards.
     """
     from approvals.services import questions_cancel_for_job
+    from waits.services import waits_cancel_for_job
 
     with transaction.atomic():
         job = job_transition(
@@ -302,6 +304,7 @@ def job_cancel(*, job_id: Any, actor: Any = None, channel: str | None = None) ->
             message={"by": getattr(actor, "username", None)},
         )
         questions_cancel_for_job(job=job, actor=actor, channel=channel)
+        waits_cancel_for_job(job=job, actor=actor)
     return job
 
 

@@ -193,17 +193,28 @@ def wait_check_now(*, wait_id: int, actor: Any = None) -> Wait:
 
 
 def wait_cancel(*, wait_id: int, actor: Any = None) -> Wait:
-    """A person gives up on the external work: the wait is cancelled and so is its job."""
+    """A person gives up on the external work: its job is cancelled, which closes the wait."""
     with transaction.atomic():
         wait = Wait.objects.select_for_update().filter(pk=wait_id).first()
         if wait is None or not wait.is_active:
             raise WaitNotActive(f"wait {wait_id} has finished; there is nothing to cancel")
-        Wait.objects.filter(pk=wait.pk).update(
-            state=Wait.State.CANCELLED, next_due_at=None, updated_at=timezone.now(),
-            error={"code": "cancelled", "message": f"cancelled by {getattr(actor, 'username', 'the system')}"},
-        )
-        event_append(job_id=wait.job_id, type="wait", step=wait.key, status="failed",
-                     message={"code": "cancelled", "by": getattr(actor, "username", None)})
         job_cancel(job_id=wait.job_id, actor=actor, channel="admin")
     wait.refresh_from_db()
     return wait
+
+
+def waits_cancel_for_job(*, job: Any, actor: Any = None) -> int:
+    """Close the active waits of `job` (it was cancelled); a later callback finds no token.
+
+    Precondition: the caller holds the transaction that cancels the job.
+    """
+    closed = 0
+    for wait in Wait.objects.select_for_update().filter(job_id=job.pk, state__in=Wait.ACTIVE):
+        Wait.objects.filter(pk=wait.pk).update(
+            state=Wait.State.CANCELLED, next_due_at=None, updated_at=timezone.now(),
+            error={"code": "cancelled", "message": f"cancelled by {getattr(actor, 'username', None) or 'the system'}"},
+        )
+        event_append(job_id=job.pk, type="wait", step=wait.key, status="failed",
+                     message={"code": "cancelled", "by": getattr(actor, "username", None)})
+        closed += 1
+    return closed

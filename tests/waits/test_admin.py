@@ -48,3 +48,14 @@ def test_check_now_and_cancel(admin_client_):
     job = finished(job, timeout=5)
     assert job.status == Job.Status.CANCELLED
     assert the_wait(job).state == Wait.State.CANCELLED
+
+
+def test_cancelling_a_waiting_job_closes_its_wait(stack):
+    from jobs.services import job_cancel
+
+    job = submit("test.wait", delay=3600, marks=[60, 120, 180])
+    wait = parked(job)
+    job_cancel(job_id=job.pk)
+    wait.refresh_from_db()
+    assert wait.state == Wait.State.CANCELLED and wait.next_due_at is None
+    assert job.events.filter(type="wait", status="failed").last().message["code"] == "cancelled"

@@ -80,7 +80,7 @@ class LocalFanout:
     async def _receive_forever(self) -> None:
         while True:
             try:
-                message = await self.layer.receive(self.channel)
+                message = await self._receive_one()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: pushes are lost meanwhile, the database is not
@@ -92,6 +92,23 @@ class LocalFanout:
                     follower.deliver(message)
                 except Exception:
                     logger.exception("a follower of %s failed to take a message", message.get("group"))
+
+    async def _receive_one(self) -> dict[str, Any]:
+        """`layer.receive`, in a task of its own that is cancelled until it really stops.
+
+        On Python 3.11, `asyncio.wait_for` (which redis-py wraps around each socket write)
+        swallows a cancellation that arrives just as the write completes; channels-redis then
+        goes on blocking-popping every 5 s, and a loop shutting down waits for it forever.
+        """
+        receiving = asyncio.ensure_future(self.layer.receive(self.channel))
+        try:
+            await asyncio.wait([receiving])  # a cancellation lands here, not inside channels-redis
+        except asyncio.CancelledError:
+            while not receiving.done():
+                receiving.cancel()
+                await asyncio.wait([receiving], timeout=0.05)
+            raise
+        return receiving.result()
 
     async def _renew_forever(self) -> None:
         while True:

@@ -69,14 +69,7 @@ async def assert_closed_with(communicator: WebsocketCommunicator, code: int) -> 
 
 
 def run(scenario):
-    async def wrapped():
-        await scenario()
-        import sys
-        for t in asyncio.all_tasks():
-            if t is not asyncio.current_task():
-                print("LEFTOVER", t, file=sys.stderr)
-                t.print_stack(file=sys.stderr)
-    async_to_sync(wrapped)()
+    async_to_sync(scenario)()
     assert publisher().flush(5)
 
 

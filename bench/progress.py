@@ -18,8 +18,8 @@ For each uvicorn process count and each client count N, against a real uvicorn s
    on one machine's clock. A client also checks that its `seq`s have no gap or duplicate.
 
 uvicorn runs with `--ws-per-message-deflate false` unless `--deflate`: compressing every small
-event for every socket raised the server's CPU per message by about 40 % here (65 to 93 µs) and
-the p99 at 1,000 clients from about 21 to 38 ms.
+event for every socket costs about a third more server CPU per message (47 against 64 µs at
+1,000 clients on a 2-CPU machine).
 
 It prints a table and rewrites `bench/results/progress-latest.md`. Uses DATABASE_URL and
 REDIS_URL when set; else the embedded Redis and a SQLite file of its own under var/.

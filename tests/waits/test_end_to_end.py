@@ -181,8 +181,13 @@ def test_the_database_holds_no_token_in_clear(stack):
     with connection.cursor() as cursor:
         for table in connection.introspection.table_names():
             quoted = connection.ops.quote_name(table)
-            cursor.execute(f"SELECT count(*) FROM {quoted} AS t WHERE t::text LIKE %s", [f"%{clear}%"])
-            assert cursor.fetchone()[0] == 0, f"the token is in clear in {table}"
+            if connection.vendor == "postgresql":
+                cursor.execute(f"SELECT count(*) FROM {quoted} AS t WHERE t::text LIKE %s", [f"%{clear}%"])
+                found = cursor.fetchone()[0]
+            else:  # no row-to-text cast elsewhere: read every row
+                cursor.execute(f"SELECT * FROM {quoted}")
+                found = sum(1 for row in cursor.fetchall() if clear in repr(row))
+            assert found == 0, f"the token is in clear in {table}"
     import hashlib
 
     assert the_wait(job).token_hash == hashlib.sha256(clear.encode()).hexdigest()

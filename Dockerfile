@@ -42,4 +42,5 @@ RUN DJANGO_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinpu
 USER app
 
 EXPOSE 8000 5555
-CMD ["uvicorn", "taskplatform.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--lifespan", "off"]
+CMD ["uvicorn", "taskplatform.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--lifespan", "off", \
+     "--ws-per-message-deflate", "false"]

@@ -250,8 +250,11 @@ def build_services(env: dict[str, str]) -> list[Service]:
         Service(
             "web",
             # Django's ASGI handler does not speak the lifespan protocol; saying so keeps the log clean.
+            # Progress frames are small JSON: compressing each costs about a third of the
+            # server's CPU per message (bench/progress.py) for little saving.
             [str(VENV_BIN / "uvicorn"), "taskplatform.asgi:application", "--host", host, "--port", port,
-             "--lifespan", "off", "--timeout-graceful-shutdown", str(int(STOP_GRACE // 2))],
+             "--lifespan", "off", "--ws-per-message-deflate", "false",
+             "--timeout-graceful-shutdown", str(int(STOP_GRACE // 2))],
             env,
         ),
         Service("worker", worker, env),

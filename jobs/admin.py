@@ -18,6 +18,7 @@ from jobs.errors import PlatformError
 from jobs.models import Job, JobEvent
 from jobs.registry import kinds_all
 from jobs.services import job_cancel, job_retry, job_submit
+from taskplatform.admin_actions import admin_apply_each
 from waits.admin import WaitInline
 
 
@@ -161,17 +162,10 @@ class JobAdmin(admin.ModelAdmin):
 
     # -- actions ------------------------------------------------------------------------------
     def _apply(self, request, queryset, service, verb: str) -> None:
-        done, refused = 0, []
-        for job in queryset:
-            try:
-                service(job_id=job.pk, actor=request.user)
-                done += 1
-            except PlatformError as exc:
-                refused.append(f"{str(job.pk)[:8]}: {exc.message}")
-        if done:
-            self.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
-        if refused:
-            self.message_user(request, f"Refused {len(refused)}: " + "; ".join(refused), messages.WARNING)
+        admin_apply_each(
+            self, request, queryset, lambda job: service(job_id=job.pk, actor=request.user),
+            verb=verb, noun="job", describe=lambda job: str(job.pk)[:8],
+        )
 
     def has_operate_permission(self, request) -> bool:
         """Cancel and retry need Django's "change job" permission (fields stay read-only)."""

@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from jobs.errors import PlatformError
+from taskplatform.admin_actions import admin_apply_each
 from waits.models import Wait
 from waits.services import wait_cancel, wait_check_now
 
@@ -75,17 +75,9 @@ class WaitAdmin(admin.ModelAdmin):
 
     # -- actions ------------------------------------------------------------------------------
     def _apply(self, request: HttpRequest, waits, service, verb: str) -> None:
-        done, refused = 0, []
-        for wait in waits:
-            try:
-                service(wait_id=wait.pk, actor=request.user)
-                done += 1
-            except PlatformError as exc:
-                refused.append(f"{wait}: {exc.message}")
-        if done:
-            self.message_user(request, f"{verb} {done} wait(s).", messages.SUCCESS)
-        if refused:
-            self.message_user(request, f"Refused {len(refused)}: " + "; ".join(refused), messages.WARNING)
+        admin_apply_each(
+            self, request, waits, lambda wait: service(wait_id=wait.pk, actor=request.user), verb=verb, noun="wait"
+        )
 
     @admin.action(description="Check selected waits now", permissions=["operate"])
     def check_now(self, request, queryset):

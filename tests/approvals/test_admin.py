@@ -92,3 +92,19 @@ def test_submitting_a_job_in_the_admin(client, superuser, django_capture_on_comm
     assert job.owner == superuser and job.status == "pending" and len(dispatches(callbacks)) == 1
     page = client.get(response["Location"]).content.decode()
     assert "demo.review" in page and "pending" in page
+
+
+def test_the_cancel_action_cancels_each_job_and_reports_the_refused(client, superuser):
+    pending, _ = job_submit(kind="demo.noop", input={})
+    done, _ = job_submit(kind="demo.noop", input={})
+    job_execute(job_id=done.pk)
+    client.force_login(superuser)
+    response = client.post(
+        reverse("admin:jobs_job_changelist"),
+        {"action": "cancel_jobs", "_selected_action": [str(pending.pk), str(done.pk)]},
+        follow=True,
+    )
+    page = response.content.decode()
+    assert "Cancelled 1 job(s)." in page and "Refused 1" in page and str(done.pk)[:8] in page
+    assert Job.objects.get(pk=pending.pk).status == "cancelled"
+    assert Job.objects.get(pk=done.pk).status == "completed"

@@ -12,5 +12,6 @@ urlpatterns = [
     path("api/", include("taskplatform.api.urls")),
     # The simulated generation service of `demo.generate` (plays an outside system).
     path("sim/", include("waits.simulator")),
+    path("", include("ops.urls")),
     path("", include("jobs.urls")),
 ]

@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "webhooks",
     "waits",
     "demo",
+    "ops",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,3 @@
+"""Operations endpoints (mounted at the root: /metrics, /readyz, /ops/)."""
+
+urlpatterns: list = []

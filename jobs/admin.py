@@ -18,6 +18,7 @@ from jobs.errors import PlatformError
 from jobs.models import Job, JobEvent
 from jobs.registry import kinds_all
 from jobs.services import job_cancel, job_retry, job_submit
+from ops.flower import flower_task_url, flower_tasks_url
 from taskplatform.admin_actions import admin_apply_each
 from waits.admin import WaitInline
 
@@ -70,14 +71,15 @@ class JobAdmin(admin.ModelAdmin):
     # The job page shows the same live progress as /jobs/{id}/ (jobs/_live.html and live.js).
     change_form_template = "admin/jobs/job/change_form.html"
     fieldsets = (
-        (None, {"fields": ("id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts")}),
+        (None, {"fields": ("id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts",
+                           "flower_links")}),
         ("Data", {"fields": ("input_display", "result_display", "error_display", "checkpoint_display")}),
         ("Times", {"fields": ("created_at", "updated_at", "started_at", "finished_at", "run_after")}),
     )
     readonly_fields = (
         "id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts", "input_display",
         "result_display", "error_display", "checkpoint_display", "created_at", "updated_at", "started_at",
-        "finished_at", "run_after",
+        "finished_at", "run_after", "flower_links",
     )
 
     # -- list columns --------------------------------------------------------------------------
@@ -116,6 +118,16 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="checkpoint (finished steps)")
     def checkpoint_display(self, job: Job) -> str:
         return self._json(job.checkpoint) if job.checkpoint else "—"
+
+    @admin.display(description="in Flower")
+    def flower_links(self, job: Job) -> str:
+        """The job's Celery tasks (one per run) and all tasks of its kind, in Flower (ops.flower)."""
+        task_id = getattr(job, "task_id", "")  # the Celery task of its latest run, when recorded
+        latest = format_html(' · <a href="{}">its latest run</a>', flower_task_url(task_id)) if task_id else ""
+        return format_html(
+            '<a href="{}">this job\'s tasks</a>{} · <a href="{}">all {} tasks</a>',
+            flower_tasks_url(kind=job.kind, job_id=job.pk), latest, flower_tasks_url(kind=job.kind), job.kind,
+        )
 
     def has_change_permission(self, request, obj=None):
         return False  # read-only: changes go through actions that call the services

@@ -115,6 +115,15 @@ class Job(models.Model):
     event_seq = models.PositiveIntegerField(default=0)
     # When a pending job may next run (a retry's back-off); null means now.
     run_after = models.DateTimeField(null=True, blank=True)
+    # The lease of the run in progress: set by the claim, renewed by the worker's heartbeat
+    # (`jobs.leases`), cleared when the run ends. A `processing` job whose lease expired lost
+    # its worker (kill -9, OOM, a lost host) and is taken back by the reconciler. A
+    # `cancelled` job with a live lease still has a run winding down (see JOBS_CANCEL_GRACE).
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Who runs (or last ran) the job: "celery@host pid 123", and the Celery task id, for
+    # operators and for terminating a run that ignores a cancellation.
+    worker = models.CharField(max_length=200, blank=True, default="")
+    task_id = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -145,6 +154,13 @@ class Job(models.Model):
             models.Index(fields=["status", "run_after"], name="job_status_run_after"),
             models.Index(fields=["owner", "-created_at"], name="job_owner_created"),
             models.Index(fields=["kind", "status"], name="job_kind_status"),
+            # The dashboard's durations over the last hour (ops.selectors).
+            models.Index(fields=["finished_at"], name="job_finished_at"),
+            models.Index(
+                fields=["status", "lease_expires_at"],
+                condition=Q(lease_expires_at__isnull=False),
+                name="job_live_leases",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -182,6 +198,8 @@ class JobEvent(models.Model):
     class Meta:
         ordering = ["job", "seq"]
         constraints = [models.UniqueConstraint(fields=["job", "seq"], name="jobevent_unique_seq")]
+        # Jobs per minute by status (the dashboard, metrics) read recent status events.
+        indexes = [models.Index(fields=["type", "created_at"], name="jobevent_type_created")]
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.type} {self.step} {self.status}".strip()

@@ -40,6 +40,10 @@ class JobKind:
     queue: str | None = None
     # A URL told (signed, retried: see `webhooks`) whenever a question of this kind opens.
     notify_webhook: str | None = None
+    # Seconds one run may take (a soft limit; None: JOBS_TIME_LIMIT), and what a run past it
+    # does: "fail" (the job fails with the code `timeout`) or "retry" (while attempts remain).
+    time_limit: float | None = None
+    on_timeout: str = "fail"
 
     def validate_input(self, value: Any) -> None:
         """Raise InvalidInput naming the first offending field when `value` breaks the schema."""
@@ -64,14 +68,22 @@ def job_kind(
     allow_self_approval: bool = False,
     queue: str | None = None,
     notify_webhook: str | None = None,
+    time_limit: float | None = None,
+    on_timeout: str = "fail",
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of job kind `name`.
 
     The handler is called as `handler(ctx, input)` with a `jobs.runtime.JobContext` and the
     validated input; what it returns (JSON) becomes the job's result. `allow_self_approval` lets
     the job's submitter answer its questions; `notify_webhook` is a URL POSTed to (signed with
-    APPROVALS_WEBHOOK_SECRET) when one of its questions opens.
+    APPROVALS_WEBHOOK_SECRET) when one of its questions opens. `time_limit` (seconds) ends a
+    run that takes longer: the job fails with `timeout`, or with `on_timeout="retry"` runs again
+    while attempts remain (finished steps are not repeated).
     """
+    if on_timeout not in ("fail", "retry"):
+        raise ValueError(f"job kind {name!r}: on_timeout must be 'fail' or 'retry', not {on_timeout!r}")
+    if time_limit is not None and time_limit <= 0:
+        raise ValueError(f"job kind {name!r}: time_limit must be a positive number of seconds")
     schema = input_schema if input_schema is not None else dict(ANY_OBJECT)
     Draft202012Validator.check_schema(schema)  # a broken schema is the author's bug: fail at import
 
@@ -88,6 +100,8 @@ def job_kind(
             allow_self_approval=allow_self_approval,
             queue=queue,
             notify_webhook=notify_webhook,
+            time_limit=time_limit,
+            on_timeout=on_timeout,
         )
         return handler
 

@@ -3,28 +3,41 @@
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
 
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import RunLost
+from jobs.leases import heartbeat
 from jobs.registry import kind_get
-from jobs.runtime import JobContext, JobFailure, ParkForWait, PauseForResolution
-from jobs.services import job_claim, job_complete, job_fail, job_park, job_pause
+from jobs.runtime import HandBack, JobContext, JobFailure, ParkForWait, PauseForResolution
+from jobs.services import (
+    job_claim,
+    job_complete,
+    job_fail,
+    job_hand_back,
+    job_park,
+    job_pause,
+    run_lease_release,
+)
 
 logger = logging.getLogger(__name__)
 
 
-def job_execute(*, job_id: Any) -> str:
+def job_execute(*, job_id: Any, worker: str = "", worker_hostname: str = "", task_id: str = "") -> str:
     """Claim the job and run its handler once; record the outcome. Returns what happened.
 
     A second delivery of the same message finds the job claimed and does nothing. The outcome
     is written only if this run still owns the job: a job cancelled meanwhile stays cancelled.
+    While the handler runs, this process's heartbeat renews the run's lease (`jobs.leases`).
     """
     try:
-        job = job_claim(job_id=job_id)
+        job = job_claim(job_id=job_id, worker=worker, task_id=task_id)
     except (InvalidTransition, JobNotFound) as exc:
         logger.info("job %s not claimed: %s", job_id, exc)
         return "skipped"
@@ -34,7 +47,16 @@ def job_execute(*, job_id: Any) -> str:
     except UnknownKind as exc:
         return _record(job_fail, job=job, code=UnknownKind.code, message=exc.message, retry=False)
 
-    ctx = JobContext(job)
+    ctx = JobContext(job, worker_hostname=worker_hostname)
+    beat = heartbeat()
+    beat.add(ctx)
+    try:
+        return _run(kind, ctx, job)
+    finally:
+        beat.remove(ctx)
+
+
+def _run(kind, ctx: JobContext, job) -> str:
     try:
         try:
             result = kind.handler(ctx, job.input)
@@ -46,18 +68,58 @@ def job_execute(*, job_id: Any) -> str:
         return _record(job_pause, job=job, question=pause.question)
     except ParkForWait as park:
         return _record(job_park, job=job, apply=park.apply, message=park.message)
+    except HandBack as exc:
+        return _record(job_hand_back, job=job, reason=str(exc))
     except RunLost as exc:
-        logger.info("job %s: run stopped: %s", job_id, exc)
+        logger.info("job %s: run stopped: %s", job.pk, exc)
+        run_lease_release(job=job)
         return "lost"
     except JobFailure as exc:
         return _record(job_fail, job=job, code=exc.code, message=exc.message, retry=False, record=exc.record)
     except SoftTimeLimitExceeded:
-        return _record(job_fail, job=job, code="timeout", message="the job ran past its time limit", retry=False)
+        limit = kind.time_limit
+        message = f"the run took longer than its time limit ({limit:g}s)" if limit else "the run took too long"
+        return _record(job_fail, job=job, code="timeout", message=message, retry=kind.on_timeout == "retry")
     except Exception as exc:
-        logger.exception("job %s (%s) raised", job_id, job.kind)
+        if database_lost(exc):
+            return _hand_back_after_database_loss(job, exc)
+        logger.exception("job %s (%s) raised", job.pk, job.kind)
         message = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=-8))
         return _record(job_fail, job=job, code="exception", message=message)
     return _record(job_complete, job=job, result=result)
+
+
+def database_lost(exc: BaseException) -> bool:
+    """Is `exc` the database going away (a restart, a failover, a dropped connection) rather
+    than the job's own error? Then the job is not to blame and must not lose an attempt."""
+    if not isinstance(exc, (OperationalError, InterfaceError)):
+        return False
+    connection.close()  # the next query opens a fresh connection
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except (OperationalError, InterfaceError):
+        return True
+    # The database answers again: was the failed connection the problem, or the query?
+    return "connection" in str(exc).lower() or "terminat" in str(exc).lower()
+
+
+def _hand_back_after_database_loss(job, exc: BaseException) -> str:
+    """The run lost its database mid-way: hand the job back (not counted against its attempts)
+    as soon as the database answers, for at most half a lease; after that the lease expires and
+    the reconciler takes the job back instead."""
+    logger.warning("job %s: the database went away during the run (%s); handing the job back", job.pk, exc)
+    deadline = time.monotonic() + settings.JOBS_LEASE_SECONDS / 2
+    delay = 0.2
+    while True:
+        try:
+            return _record(job_hand_back, job=job, reason=f"the database connection was lost: {exc}"[:500])
+        except (OperationalError, InterfaceError):
+            connection.close()
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def _record(service, **kwargs: Any) -> str:
@@ -66,5 +128,6 @@ def _record(service, **kwargs: Any) -> str:
     except (InvalidTransition, RunLost) as exc:
         # The job moved on without this run (cancelled while it ran): keep what happened.
         logger.info("outcome of job %s dropped: %s", kwargs["job"].pk, exc)
+        run_lease_release(job=kwargs["job"])
         return "lost"
     return job.status

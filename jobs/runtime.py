@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["JobContext", "JobFailure", "ParkForWait", "PauseForResolution", "RunLost"]
+__all__ = ["HandBack", "JobContext", "JobFailure", "ParkForWait", "PauseForResolution", "RunLost"]
 
 
 class PauseForResolution(BaseException):
@@ -65,6 +65,12 @@ class ParkForWait(BaseException):
         self.message = message
 
 
+class HandBack(BaseException):
+    """Raised at a `ctx` call when the worker is shutting down (SIGTERM): the run stops between
+    two steps and the job goes back to `pending`, to go on in another worker from its last
+    finished step. The handed-back run does not count against the job's attempts."""
+
+
 class JobFailure(Exception):
     """Raise it from job code to fail the job at once with your own error code (no retry).
 
@@ -93,8 +99,12 @@ class JobContext:
     # coalesced (the latest wins) so a tight loop cannot flood the database.
     progress_interval: float = 0.1
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, *, worker_hostname: str = "") -> None:
         self.job = job
+        # The Celery worker running this, and whether it asked for the job back (draining):
+        # set by the lease heartbeat thread (`jobs.leases`), acted on at the next ctx call.
+        self.worker_hostname = worker_hostname
+        self.hand_back_requested = False
         self.job_id = job.pk
         self.input = job.input
         self.attempt = job.attempts
@@ -114,6 +124,7 @@ class JobContext:
         if name in self._checkpoint:
             self._event("step", step=name, status="skipped")
             return self._checkpoint[name]
+        self._hand_back_if_asked()
         self._event("step", step=name, status="started")
         try:
             value = fn()
@@ -139,6 +150,7 @@ class JobContext:
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"progress fraction must be between 0 and 1, not {fraction}")
         text = str(text)[:500]
+        self._hand_back_if_asked()
         if time.monotonic() - self._progress_written_at < self.progress_interval:
             self._progress_pending = (fraction, text)
             return
@@ -161,6 +173,7 @@ class JobContext:
 
     def log(self, text: str, level: str = "info") -> None:
         """Add a line to the job's event log (and to the worker's log)."""
+        self._hand_back_if_asked()
         logger.log(logging.getLevelNamesMapping().get(level.upper(), logging.INFO), "job %s: %s", self.job_id, text)
         self._event("log", status=level, message={"text": str(text)})
 
@@ -257,6 +270,12 @@ class JobContext:
         return wait_for(self, key, submit=submit, check=check, policy=policy, service=service)
 
     # -- internals ---------------------------------------------------------------------------
+    def _hand_back_if_asked(self) -> None:
+        """Stop here, between two steps, when the worker is draining (see `HandBack`)."""
+        if self.hand_back_requested:
+            self.flush()
+            raise HandBack(f"worker {self.worker_hostname} is shutting down")
+
     def _event(self, type: str, *, step: str = "", status: str = "", message: dict | None = None,
                fields: dict | None = None) -> None:
         self.flush()  # a held progress report goes first: the log keeps the order things happened

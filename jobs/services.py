@@ -20,7 +20,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs.errors import IdempotencyConflict, InvalidTransition, JobNotFound, UnknownKind
-from jobs.events import event_record, job_update_with_event
+from jobs.events import event_append, event_record, job_update_with_event
 from jobs.models import Job
 from jobs.registry import kind_get
 
@@ -45,14 +45,17 @@ def job_transition(
     dispatch: bool = False,
     countdown: float | None = None,
     only_attempt: int | None = None,
+    where: Q | None = None,
 ) -> Job:
     """Move a job to status `to` and return the updated row.
 
     In one transaction: a single conditional `UPDATE … RETURNING` locks the row, checks the move
-    against `Job.TRANSITIONS` (narrowed to `from_` when given, and to the run `only_attempt`
-    when given), writes the status with `fields` and the next event seq; then the `status`
-    event is inserted. With `dispatch`, the job's Celery task is sent after the commit (after
-    `countdown` seconds). Raises JobNotFound, or InvalidTransition naming the current status.
+    against `Job.TRANSITIONS` (narrowed to `from_` when given, to the run `only_attempt` and
+    to the extra condition `where` when given), writes the status with `fields` and the next
+    event seq; then the `status` event is inserted. Leaving `processing` releases the run's
+    lease, except for `cancelled`, where the run may still be winding down. With `dispatch`,
+    the job's Celery task is sent after the commit (after `countdown` seconds). Raises
+    JobNotFound, or InvalidTransition naming the current status.
     """
     sources = _sources_for(to)
     if from_ is not None:
@@ -65,12 +68,16 @@ def job_transition(
         values["finished_at"] = now
     elif to == Status.PENDING:
         values["finished_at"] = None
+    if to not in (Status.PROCESSING, Status.CANCELLED):
+        values["lease_expires_at"] = None
     values.update(fields or {})
 
     with transaction.atomic():
         rows = Job.objects.filter(pk=job_id, status__in=sources)
         if only_attempt is not None:
             rows = rows.filter(attempts=only_attempt)
+        if where is not None:
+            rows = rows.filter(where)
         written = job_update_with_event(rows=rows, fields=values, type="status", status=to, message=message)
         if written is None:
             current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
@@ -98,11 +105,16 @@ def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
 
     options: dict[str, Any] = {"shadow": job.kind}
     try:
-        queue = kind_get(job.kind).queue
-    except Exception:  # an unknown kind still runs, and fails with a clear error there
-        queue = None
-    if queue:
-        options["queue"] = queue
+        job_kind = kind_get(job.kind)
+    except UnknownKind:  # it still runs, and fails with a clear error there
+        job_kind = None
+    if job_kind is not None and job_kind.queue:
+        options["queue"] = job_kind.queue
+    if job_kind is not None and job_kind.time_limit:
+        # Celery raises SoftTimeLimitExceeded in the handler (the runner records `timeout`);
+        # the hard limit a minute later kills a run that swallowed it.
+        options["soft_time_limit"] = job_kind.time_limit
+        options["time_limit"] = job_kind.time_limit + 60
     if countdown:
         options["countdown"] = countdown
     job_run.apply_async(args=[str(job.pk)], **options)
@@ -181,14 +193,47 @@ def _job_for_idempotency_key(*, owner_id: Any, key: str, kind: str, input: Any) 
     return job
 
 
-def job_claim(*, job_id: Any) -> Job:
-    """Claim a pending job for a run: `pending → processing`, counting the attempt.
+def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
+    """Claim a pending job for a run: `pending → processing`, counting the attempt and taking
+    a lease (see `jobs.leases`) in the name of `worker` and its Celery `task_id`.
 
     One conditional UPDATE, so of two deliveries of the same message exactly one wins; the
     other gets InvalidTransition and must do nothing.
     """
+    from jobs.leases import lease_deadline
+
     return job_transition(
-        job_id=job_id, to=Status.PROCESSING, from_=[Status.PENDING], fields={"attempts": F("attempts") + 1}
+        job_id=job_id,
+        to=Status.PROCESSING,
+        from_=[Status.PENDING],
+        fields={
+            "attempts": F("attempts") + 1,
+            "lease_expires_at": lease_deadline(),
+            "worker": worker[:200],
+            "task_id": task_id[:64],
+        },
+    )
+
+
+def job_hand_back(*, job: Job, reason: str) -> Job:
+    """Give the run `job` back (its worker is shutting down): `processing → pending`, sent
+    again at once. The run does not count against the attempts: the budget grows by one."""
+    return job_transition(
+        job_id=job.pk,
+        to=Status.PENDING,
+        from_=[Status.PROCESSING],
+        only_attempt=job.attempts,
+        fields={"max_attempts": F("max_attempts") + 1, "run_after": None},
+        message={"handed_back": True, "reason": reason, "attempt": job.attempts},
+        dispatch=True,
+    )
+
+
+def run_lease_release(*, job: Job) -> None:
+    """A run that lost its job (cancelled, or taken back) has stopped: its lease is no longer
+    a sign of life."""
+    Job.objects.filter(pk=job.pk, attempts=job.attempts).exclude(status=Status.PROCESSING).update(
+        lease_expires_at=None
     )
 
 
@@ -359,3 +404,78 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
     if sent:
         logger.warning("re-dispatched %d pending job(s) idle for more than %ss", sent, grace)
     return sent
+
+
+def jobs_recover_expired_leases(*, limit: int = 500) -> int:
+    """Take back the `processing` jobs whose worker stopped renewing their lease (it died: kill
+    -9, out of memory, a segfault, a lost machine). Each goes back to `pending` and is sent
+    again, with the lost run counted as an attempt and the error `worker_lost` recorded; its
+    finished steps stay checkpointed. A job out of attempts fails with `worker_lost`, so a job
+    that kills its worker every time (a poison job) ends instead of looping.
+
+    The move is conditional on the lease still being expired under the same attempt, so a run
+    that renews at the last moment keeps its job. Returns how many jobs were taken back.
+    """
+    now = timezone.now()
+    # A null lease on a processing job: claimed before leases existed; its start time decides.
+    lease_gone = Q(lease_expires_at__lt=now) | Q(
+        lease_expires_at__isnull=True, started_at__lt=now - timedelta(seconds=settings.JOBS_LEASE_SECONDS)
+    )
+    expired = (
+        Job.objects.filter(lease_gone, status=Status.PROCESSING)
+        .order_by("lease_expires_at")
+        .only("pk", "attempts", "max_attempts", "worker")[:limit]
+    )
+    recovered = 0
+    for job in expired:
+        error = {
+            "code": "worker_lost",
+            "message": f"the worker running attempt {job.attempts} ({job.worker or 'unknown'}) stopped renewing "
+            "its lease: it died or lost its connection",
+        }
+        retry = job.attempts < job.max_attempts
+        try:
+            job_transition(
+                job_id=job.pk,
+                to=Status.PENDING if retry else Status.FAILED,
+                from_=[Status.PROCESSING],
+                only_attempt=job.attempts,
+                where=lease_gone,
+                fields={"error": error, "run_after": None} if retry else {"error": error},
+                message={"error": error, "attempt": job.attempts, "lease_expired": True},
+                dispatch=retry,
+            )
+        except InvalidTransition:
+            continue  # renewed, finished or cancelled meanwhile
+        recovered += 1
+    if recovered:
+        logger.warning("took back %d job(s) whose worker stopped renewing the lease", recovered)
+    return recovered
+
+
+def jobs_terminate_cancelled_runs(*, grace: float, limit: int = 100) -> int:
+    """Terminate, through Celery's revoke, the runs of jobs cancelled more than `grace` seconds
+    ago that are still alive (their heartbeat still renews the lease: the job's code has
+    reached no `ctx` call since). The job stays `cancelled`; its lease is cleared, and set again
+    by the heartbeat if the run survives, so it is revoked again at the next pass. Returns how
+    many runs were revoked."""
+    from taskplatform.celery import app
+
+    now = timezone.now()
+    alive = Job.objects.filter(
+        status=Status.CANCELLED, lease_expires_at__gt=now, finished_at__lt=now - timedelta(seconds=grace)
+    ).exclude(task_id="").only("pk", "task_id", "attempts", "lease_expires_at")[:limit]
+    revoked = 0
+    for job in alive:
+        app.control.revoke(job.task_id, terminate=True, signal="SIGKILL")
+        Job.objects.filter(pk=job.pk, attempts=job.attempts, lease_expires_at=job.lease_expires_at).update(
+            lease_expires_at=None
+        )
+        event_append(
+            job_id=job.pk, type="log", status="warning",
+            message={"text": f"run {job.attempts} ignored the cancellation for {grace:g}s: terminated"},
+        )
+        revoked += 1
+    if revoked:
+        logger.warning("terminated %d cancelled run(s) past their grace", revoked)
+    return revoked

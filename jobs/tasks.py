@@ -1,24 +1,56 @@
 """Celery tasks: thin, take an id, call a service."""
 
+import os
+
 from celery import shared_task
-from celery.signals import worker_process_shutdown
+from celery.signals import worker_process_shutdown, worker_ready, worker_shutting_down
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
 
 from jobs.broadcast import flush_pending
+from jobs.leases import drain_mark
 from jobs.runner import job_execute
-from jobs.services import jobs_redispatch_stale
+from jobs.services import jobs_recover_expired_leases, jobs_redispatch_stale, jobs_terminate_cancelled_runs
 
 
-@shared_task(name="jobs.run", ignore_result=True)
-def job_run(job_id: str) -> str:
+@shared_task(name="jobs.run", bind=True, ignore_result=True)
+def job_run(self, job_id: str) -> str:
     """Run the job `job_id` once (claim, handler, outcome). Safe to deliver twice."""
-    return job_execute(job_id=job_id)
+    hostname = self.request.hostname or ""
+    try:
+        return job_execute(
+            job_id=job_id, worker=f"{hostname} pid {os.getpid()}", worker_hostname=hostname,
+            task_id=self.request.id or "",
+        )
+    except (OperationalError, InterfaceError) as exc:
+        # The database is away (restarting, failing over). The claim is atomic, so running this
+        # again later is safe whatever point the run reached; meanwhile the reconciler and the
+        # lease cover a job whose retries run out.
+        connection.close()
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30), max_retries=10) from exc
 
 
 @shared_task(name="jobs.reconcile", ignore_result=True)
-def jobs_reconcile() -> int:
-    """Run by beat: re-send the messages of pending jobs that never reached a worker."""
-    return jobs_redispatch_stale(grace=settings.JOBS_DISPATCH_GRACE)
+def jobs_reconcile() -> dict[str, int]:
+    """Run by beat: re-send the messages of pending jobs that never reached a worker, take back
+    the jobs of dead workers (expired leases), terminate cancelled runs past their grace."""
+    return {
+        "redispatched": jobs_redispatch_stale(grace=settings.JOBS_DISPATCH_GRACE),
+        "recovered": jobs_recover_expired_leases(),
+        "terminated": jobs_terminate_cancelled_runs(grace=settings.JOBS_CANCEL_GRACE),
+    }
+
+
+@worker_shutting_down.connect
+def _start_draining(sender, **kwargs) -> None:
+    """SIGTERM: the runs of this worker hand their jobs back at their next ctx call."""
+    drain_mark(str(sender), draining=True)
+
+
+@worker_ready.connect
+def _stop_draining(sender, **kwargs) -> None:
+    """A worker that starts again under the same name takes jobs as usual."""
+    drain_mark(str(getattr(sender, "hostname", sender)), draining=False)
 
 
 @worker_process_shutdown.connect

@@ -6,3 +6,13 @@ class OpsConfig(AppConfig):
 
     name = "ops"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # The worker's receivers (logging, job log context, heartbeats) connect on import;
+        # a request's job log context ends when its response is closed.
+        from django.core.signals import request_finished
+
+        from ops import signals  # noqa: F401
+        from ops.middleware import job_log_context_end
+
+        request_finished.connect(job_log_context_end, dispatch_uid="ops.job_log_context_end")

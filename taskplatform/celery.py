@@ -20,3 +20,35 @@ def _close_old_connections(**kwargs) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+# Beat's housekeeping (the reconciler, due waits, deadlines, webhook retries) has a queue of its
+# own, served by a small worker of its own (`platform-worker` under `make run` and in compose):
+# with every job slot busy with long jobs, a dead worker's jobs are still taken back, waits still
+# wake and deadlines still fire.
+PLATFORM_QUEUE = "platform"
+
+
+def _route(name, args, kwargs, options, task=None, **kw):
+    from django.conf import settings
+
+    if name in {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}:
+        return {"queue": PLATFORM_QUEUE}
+    return None
+
+
+app.conf.task_routes = (_route,)
+
+
+@signals.celeryd_init.connect
+def _serve_every_queue_by_default(sender=None, conf=None, **kwargs) -> None:
+    """A worker started without `-Q` serves the jobs queue, the platform queue and every queue a
+    job kind asks for (`@job_kind(queue=...)`); `-Q` still picks a subset."""
+    import django
+    from kombu import Exchange, Queue
+
+    django.setup()
+    from jobs.registry import kinds_all
+
+    names = dict.fromkeys([conf.task_default_queue, PLATFORM_QUEUE, *sorted({k.queue for k in kinds_all() if k.queue})])
+    conf.task_queues = [Queue(name, Exchange(name), routing_key=name) for name in names]

@@ -6,22 +6,77 @@ once beyond that. A burst of websockets (a server restart makes every client rec
 same moment; the benchmark opens 1,000) needs more than 100 `group_add`s in flight, and the
 consumers that lose the race crash. A `BlockingConnectionPool` queues those commands for a free
 connection instead (up to `timeout` seconds), keeping the number of connections bounded.
+
+Group memberships live in Redis only. A Redis that restarts empty forgets them, so every group
+this process had joined would stay silent (its pushes lost) until the next renewal, up to 30 s
+later (`jobs.fanout`). The layer therefore remembers the memberships of this process's channels
+and, when a receive has lost the connection, adds them again before it waits for the next
+message: live pushes resume within about a second of Redis coming back (tests/chaos).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from channels_redis.core import RedisChannelLayer as BaseRedisChannelLayer
 from redis import asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+logger = logging.getLogger(__name__)
+
+# What a receive raises when Redis went away (closed, refused, reset, timed out).
+CONNECTION_LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class RedisChannelLayer(BaseRedisChannelLayer):
-    """`channels_redis.core.RedisChannelLayer` with blocking pools (see the module docstring).
+    """`channels_redis.core.RedisChannelLayer` with blocking pools that re-joins its groups after
+    a lost connection (see the module docstring).
 
     Each host may set `max_connections` (default 100) and `timeout` (seconds to wait for a free
     connection, default 10) beside its `address` and the usual connection options.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.memberships: dict[str, set[str]] = {}  # group -> this process's channels in it
+        self.rejoin_needed = False
+
+    async def group_add(self, group: str, channel: str) -> None:
+        await super().group_add(group, channel)
+        self.memberships.setdefault(group, set()).add(channel)
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        await super().group_discard(group, channel)
+        channels = self.memberships.get(group)
+        if channels is not None:
+            channels.discard(channel)
+            if not channels:
+                del self.memberships[group]
+
+    async def receive(self, channel: str) -> Any:
+        if self.rejoin_needed:
+            await self.groups_rejoin()  # raises while Redis is still away: the caller retries
+        try:
+            return await super().receive(channel)
+        except CONNECTION_LOST:
+            # Redis may come back empty: add the memberships again before the next receive.
+            self.rejoin_needed = True
+            raise
+
+    async def groups_rejoin(self) -> int:
+        """Add every remembered membership again (idempotent); return how many."""
+        self.rejoin_needed = True
+        added = 0
+        for group, channels in list(self.memberships.items()):
+            for channel in list(channels):
+                await super().group_add(group, channel)
+                added += 1
+        self.rejoin_needed = False
+        if added:
+            logger.info("channel layer: joined %d group membership(s) again after a lost connection", added)
+        return added
 
     def create_pool(self, index: int) -> Any:
         host = dict(self.hosts[index])

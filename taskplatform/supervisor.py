@@ -3,10 +3,10 @@
     python -m taskplatform.supervisor
 
 It starts the embedded Redis when `REDIS_URL` is unset, migrates, creates the demo accounts
-(development settings only), then starts and watches the ASGI server, the Celery worker, Celery
-beat and Flower. Each runs in its own process group with its output prefixed by its name. A
-process that dies is started again after a short back-off. Ctrl-C or SIGTERM stops every process
-it started, pool children included, and exits 0.
+(development settings only), then starts and watches the ASGI server, the Celery worker, the
+platform worker (beat's housekeeping), Celery beat and Flower. Each runs in its own process group
+with its output prefixed by its name. A process that dies is started again after a short back-off.
+Ctrl-C or SIGTERM stops every process it started, pool children included, and exits 0.
 
 A deployment starts the same commands on its own (see docker-compose.yml); this module is only
 the local convenience around them. Settings: HOST, PORT, FLOWER_PORT, FLOWER_BASIC_AUTH,
@@ -235,7 +235,7 @@ def child_environment() -> dict[str, str]:
 
 
 def build_services(env: dict[str, str]) -> list[Service]:
-    """The four processes of the platform, each from this interpreter's virtualenv."""
+    """The processes of the platform, each from this interpreter's virtualenv."""
     host = env.get("HOST") or "127.0.0.1"
     port = env.get("PORT") or "8000"
     flower_port = env.get("FLOWER_PORT") or "5555"
@@ -258,6 +258,13 @@ def build_services(env: dict[str, str]) -> list[Service]:
             env,
         ),
         Service("worker", worker, env),
+        # Beat's housekeeping on a slot of its own (see taskplatform/celery.py PLATFORM_QUEUE).
+        Service(
+            "platform-worker",
+            [celery, "-A", "taskplatform", "worker", "-l", "INFO", "-Q", "platform", "--concurrency", "1",
+             "--hostname", "platform@%h"],
+            env,
+        ),
         Service("beat", [celery, "-A", "taskplatform", "beat", "-l", "INFO", "--schedule", schedule], env),
         Service(
             "flower",

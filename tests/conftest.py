@@ -24,12 +24,25 @@ def pytest_configure(config):
         embedded_redis.start()
 
 
+_session_workers: list = []
+
+
 @pytest.fixture(scope="session")
 def live_worker(django_db_setup, django_db_blocker):
     """One real Celery worker process for the session, on the test database and Redis."""
     worker = celery_worker(name="session-worker").start()
+    _session_workers.append(worker)
     yield worker
     worker.stop()
+
+
+@pytest.fixture
+def only_own_workers(transactional_db):
+    """Stop the session's worker (if one runs), so that only the workers a test starts take its
+    jobs (the chaos tests kill and stop theirs). `worker` starts it again when a test needs it."""
+    for running in _session_workers:
+        if running.proc and running.proc.poll() is None:
+            running.stop()
 
 
 @pytest.fixture

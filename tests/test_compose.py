@@ -16,7 +16,7 @@ import yaml
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = BASE_DIR / "docker-compose.yml"
-APP_SERVICES = ["web", "worker", "beat", "flower"]
+APP_SERVICES = ["web", "worker", "platform-worker", "beat", "flower"]
 # ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}
 INTERPOLATION = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
 
@@ -70,6 +70,9 @@ def test_app_services_run_the_right_commands(services):
     assert "taskplatform.asgi:application" in web
     for name in ("worker", "beat", "flower"):
         assert argv(services[name])[:4] == ["celery", "-A", "taskplatform", name], argv(services[name])
+    platform = argv(services["platform-worker"])
+    assert platform[:4] == ["celery", "-A", "taskplatform", "worker"]
+    assert platform[platform.index("-Q") + 1] == "platform" and platform[platform.index("--concurrency") + 1] == "1"
     assert any(str(port).endswith(":8000") for port in services["web"]["ports"])
     assert any(str(port).endswith(":5555") for port in services["flower"]["ports"])
 

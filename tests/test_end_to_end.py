@@ -104,6 +104,6 @@ def test_a_lost_dispatch_is_sent_again_by_the_reconciler(worker):
     assert lost.called
     Job.objects.filter(pk=job.pk).update(updated_at=timezone.now() - timedelta(minutes=10))
     assert status_of(job) == S.PENDING
-    assert jobs_reconcile() == 1
-    assert jobs_reconcile() == 0  # touched: not sent twice within the grace period
+    assert jobs_reconcile()["redispatched"] == 1
+    assert jobs_reconcile()["redispatched"] == 0  # touched: not sent twice within the grace period
     wait_status(job, S.COMPLETED)

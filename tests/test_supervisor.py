@@ -44,7 +44,8 @@ def service_leader(supervisor: psutil.Process, command: str) -> psutil.Process |
     """The supervisor's child running `celery ... <command>` (worker, beat, flower)."""
     for child in supervisor.children():
         try:
-            if command in child.cmdline()[1:]:
+            cmdline = child.cmdline()
+            if command in cmdline[1:] and "platform" not in cmdline:  # not the platform worker
                 return child
         except psutil.NoSuchProcess:
             continue
@@ -90,7 +91,9 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
         assert f"{flower}  (admin / admin)" in supervisor.output
 
         # Kill the worker (not its pool): the supervisor clears its orphans and starts a new one.
-        supervisor.wait_for_output("ready.", timeout=120)
+        # Both workers (jobs and platform) up before one is killed.
+        wait_until(lambda: sum("ready." in line for line in supervisor.lines) >= 2, timeout=120,
+                   message=f"the workers never got ready:\n{supervisor.output[-4000:]}")
         worker = service_leader(sup, "worker")
         assert worker is not None, [child.cmdline() for child in sup.children()]
         pool = worker.children()
@@ -103,7 +106,7 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
             lambda: (leader := service_leader(sup, "worker")) and leader.pid != worker.pid and leader,
             timeout=30, message="no new worker process",
         )
-        wait_until(lambda: sum("ready." in line for line in supervisor.lines) >= 2, timeout=120,
+        wait_until(lambda: sum("ready." in line for line in supervisor.lines) >= 3, timeout=120,
                    message=f"the restarted worker never got ready:\n{supervisor.output[-4000:]}")
         assert restarted.is_running()
         assert not [proc for proc in pool if still_running(proc)], "the killed worker's pool outlived it"
@@ -111,7 +114,7 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
         # SIGTERM: everything it started goes, within 20 s, and it exits 0.
         tree = sup.children(recursive=True)
         seen += tree
-        assert len([p for p in tree if p.ppid() == sup.pid]) == 4, [p.cmdline() for p in tree]
+        assert len([p for p in tree if p.ppid() == sup.pid]) == 5, [p.cmdline() for p in tree]
         supervisor.proc.send_signal(signal.SIGTERM)
         assert supervisor.proc.wait(timeout=20) == 0, supervisor.output[-4000:]
         # A zombie reparented to init is already dead; give init a moment to reap it anyway.

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from django.core.cache import cache
+from redis.exceptions import RedisError
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
 from accounts.models import ApiToken
+
+logger = logging.getLogger(__name__)
 
 
 class TokenRateThrottle(SimpleRateThrottle):
@@ -48,13 +52,21 @@ class TokenRateThrottle(SimpleRateThrottle):
         self.window_ends = (window + 1) * self.duration
         key = f"{key}:{window}"
         try:
-            count = cache.incr(key)
+            count = self._count(key)
+        except RedisError as exc:
+            # Redis down or restarting: a limit that cannot be counted lets the request through,
+            # rather than refuse every submission while the database is fine.
+            logger.warning("rate limit not checked (Redis unavailable): %s", exc)
+            return True
+        return count <= self.num_requests
+
+    def _count(self, key: str) -> int:
+        try:
+            return cache.incr(key)
         except ValueError:  # first request of the window
             if cache.add(key, 1, timeout=self.duration + 1):
-                count = 1
-            else:  # another process made it first
-                count = cache.incr(key)
-        return count <= self.num_requests
+                return 1
+            return cache.incr(key)  # another process made it first
 
     def wait(self) -> float:
         return max(self.window_ends - time.time(), 1.0)

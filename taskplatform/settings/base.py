@@ -107,6 +107,11 @@ elif env.bool("DATABASE_POOL", default=False):
     # its own, so a persistent connection per thread would leak connections until PostgreSQL
     # refuses more; a pool shared by the threads bounds them. Django requires CONN_MAX_AGE 0.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # Makes Django give the pool psycopg's `check_connection`: a pooled connection is checked
+    # as it is handed out, so after PostgreSQL restarts (which kills every pooled connection)
+    # the dead ones are replaced instead of failing one request each (tests/chaos).
+    # https://docs.djangoproject.com/en/5.2/ref/databases/#connection-pool
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"]["OPTIONS"] = {
         "pool": {
             "min_size": env.int("DATABASE_POOL_MIN", default=2),
@@ -159,6 +164,15 @@ JOBS_DISPATCH_GRACE = env.float("JOBS_DISPATCH_GRACE", default=120.0)
 JOBS_RECONCILE_INTERVAL = env.float("JOBS_RECONCILE_INTERVAL", default=30.0)
 # Hard ceiling on one run of a job; a kind may ask for less.
 JOBS_TIME_LIMIT = env.int("JOBS_TIME_LIMIT", default=3600)
+# A running job holds a lease of this many seconds that its worker renews (every third of it).
+# When a worker dies (kill -9, out of memory, a lost machine) its jobs go back to `pending`
+# once their lease has expired and the reconciler runs: this bounds how long a job can look
+# `processing` with no worker behind it. Longer: fewer heartbeat writes; shorter: faster
+# recovery.
+JOBS_LEASE_SECONDS = env.float("JOBS_LEASE_SECONDS", default=60.0)
+# A cancelled job that is still running this many seconds later (its code reached no `ctx`
+# call, so it never saw the cancellation) is terminated through Celery's revoke.
+JOBS_CANCEL_GRACE = env.float("JOBS_CANCEL_GRACE", default=30.0)
 
 # --- Celery -----------------------------------------------------------------------------------
 # Read by taskplatform/celery.py with namespace="CELERY".
@@ -201,8 +215,20 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": CELERY_TASK_TIME_LIMIT + 600,
     "global_keyprefix": REDIS_KEY_PREFIX,
 }
-# Keep retrying the broker on start-up (Celery 6 changes the default).
+# Keep retrying the broker on start-up (Celery 6 changes the default)...
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# ...and for as long as it takes after a connection loss (Redis restarting): by default a worker
+# gives up after 100 attempts (some 50 minutes of outage) and exits. The jobs wait in the
+# database, so a worker that keeps trying is never wrong (tests/chaos/test_restarts.py).
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html#broker-connection-max-retries
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+# When the broker connection is lost, the runs in flight go on (Celery 6 will cancel them by
+# default): a run writes its steps and outcome to the database, which needs no broker, and an
+# ack that cannot reach a restarted Redis costs at most a second message, which the atomic claim
+# ignores. Cancelling would kill every running job at each Redis blip: the step in flight would
+# run again and the job would wait for its lease to expire before going on.
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html#worker-cancel-long-running-tasks-on-connection-loss
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=None)
 # Long-lived prefork children leak memory in real job code; recycle them now and then.
 CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("WORKER_MAX_TASKS_PER_CHILD", default=1000)
@@ -352,14 +378,50 @@ CACHES = {
 }
 
 # --- Logging ----------------------------------------------------------------------------------
+# One configuration for every process: Celery's worker and beat apply it too instead of their own
+# (ops.signals), so a worker's lines look like the web server's. Lines a job causes carry its id
+# and kind (taskplatform/logging.py): `[demo.sleep 8c1e…]` in the readable format, `job_id` and
+# `job_kind` fields in JSON. `readable` here (make run), `json` (one object a line) under the
+# production settings.
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+LOG_FORMAT = env.str("LOG_FORMAT", default="readable")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"job": {"()": "taskplatform.logging.JobContextFilter"}},
     "formatters": {
-        "readable": {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"},
+        "readable": {
+            "()": "taskplatform.logging.ReadableFormatter",
+            "format": "%(asctime)s %(levelname)-7s %(name)s%(job)s: %(message)s",
+        },
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(levelname)s %(name)s %(process)d %(message)s",
+            "rename_fields": {"levelname": "level", "name": "logger", "process": "pid"},
+            "timestamp": "time",
+        },
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "readable"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["job"]},
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
+
+# --- Operations (ops: /metrics, /readyz, Flower links) -------------------------------------------
+# Bearer token that may read GET /metrics (`Authorization: Bearer ...`); staff may always. Empty:
+# staff only.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+# Seconds back that the /metrics histograms look (run durations, answer and wake latencies): they
+# describe the jobs that finished, the questions answered and the wakes of that window.
+METRICS_WINDOW = env.int("METRICS_WINDOW", default=3600)
+# Seconds between two heartbeats a worker writes to Redis (its queues, that it is alive) ...
+OPS_HEARTBEAT_INTERVAL = env.float("OPS_HEARTBEAT_INTERVAL", default=10.0)
+# ... and the age past which /readyz counts a worker as gone (503 when no worker is fresher).
+OPS_WORKER_STALE_AFTER = env.float("OPS_WORKER_STALE_AFTER", default=30.0)
+# Flower as a browser reaches it, for the admin's links to a job's Celery tasks.
+FLOWER_URL = env.str("FLOWER_URL", default=f"http://{HOST}:{FLOWER_PORT}").rstrip("/")
+# Every request for a job (its page, its API, its admin page) logs with the job's id and kind
+# (ops/middleware.py). Last, around the view; the context lasts until the response is closed, so
+# Django's own "Not Found: /api/jobs/..." line names the job too.
+MIDDLEWARE = [*MIDDLEWARE, "ops.middleware.JobLogContextMiddleware"]

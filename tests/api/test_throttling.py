@@ -50,3 +50,18 @@ def test_the_count_lives_in_redis(low_rate, submitter):
     token_id = submitter.api_tokens.get().pk
     keys = cache._cache.get_client().keys(f"{cache.key_prefix}:*:throttle:api:token:{token_id}:*")
     assert len(keys) == 1 and int(cache._cache.get_client().get(keys[0])) == 1
+
+
+def test_with_redis_down_the_limit_is_not_checked_and_submissions_go_through(submitter):
+    """Redis restarting must not turn every submission into a 500 while the database is fine."""
+    import socket
+
+    with socket.socket() as sock:  # a port where nothing listens
+        sock.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    caches = {"default": {**settings.CACHES["default"], "LOCATION": dead}}
+    rest = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"api": "1/min"}}
+    with override_settings(CACHES=caches, REST_FRAMEWORK=rest):
+        api = client_for(submitter)
+        responses = [api.post("/api/jobs/", {"kind": "demo.noop", "input": {}}, format="json") for _ in range(2)]
+    assert [response.status_code for response in responses] == [201, 201]

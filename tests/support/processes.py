@@ -142,6 +142,12 @@ def celery_worker(*, concurrency: int = 2, queues: str | None = None, extra_args
     return ManagedProcess(name, argv, child_env(**(env or {})), ready_marker=" ready.")
 
 
+def celery_beat(*, schedule_file: str, env: dict[str, str] | None = None, name: str = "beat") -> ManagedProcess:
+    """Celery beat as `make run` starts it (its schedule file in a test's tmp dir)."""
+    argv = [str(VENV_BIN / "celery"), "-A", "taskplatform", "beat", "--loglevel", "INFO", "--schedule", schedule_file]
+    return ManagedProcess(name, argv, child_env(**(env or {})), ready_marker="beat: Starting")
+
+
 def wait_until(
     predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05, message: str = ""
 ) -> object:

@@ -81,3 +81,53 @@ def ask(ctx, input):
     question = ctx.question(key)
     by = question.answered_by.get_username() if question.answered_by else "system"
     return {"answer": answer, "by": by, "approvers": question.approvers(), "round": question.round}
+
+
+@job_kind("test.crash", input_schema={"type": "object"}, max_attempts=2)
+def crash(ctx, input):
+    """A poison job: finishes step `a`, then kills its own worker process every time (as a
+    segfault or an out-of-memory kill would)."""
+    import os
+    import signal
+
+    ctx.step("a", lambda: step_run_count(job_id=ctx.job_id, step="a") or "done")
+    step_run_count(job_id=ctx.job_id, step="body")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _busy(seconds: float) -> None:
+    """Work that reaches no ctx call for `seconds` (so it sees no cancellation)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+OVERRUN_INPUT = {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}
+
+
+@job_kind("test.overrun", input_schema=OVERRUN_INPUT, time_limit=1)
+def overrun(ctx, input):
+    """Finishes step `a`, then works past its 1 s time limit: the job fails with `timeout`."""
+    ctx.step("a", lambda: step_run_count(job_id=ctx.job_id, step="a") or "done")
+    step_run_count(job_id=ctx.job_id, step="body")
+    _busy(input["seconds"])
+    return {"finished": True}
+
+
+@job_kind("test.overrun_retry", input_schema=OVERRUN_INPUT, time_limit=1, on_timeout="retry", max_attempts=2)
+def overrun_retry(ctx, input):
+    """As test.overrun, but a run past the limit is retried (while attempts remain)."""
+    return overrun(ctx, input)
+
+
+@job_kind("test.stubborn", input_schema=OVERRUN_INPUT)
+def stubborn(ctx, input):
+    """Finishes step `a`, then works `seconds` without a ctx call: a cancellation meanwhile is
+    only seen by terminating the run."""
+    ctx.step("a", lambda: step_run_count(job_id=ctx.job_id, step="a") or "done")
+    step_run_count(job_id=ctx.job_id, step="body")
+    _busy(input["seconds"])
+    ctx.step("b", lambda: step_run_count(job_id=ctx.job_id, step="b") or "done")
+    return {"finished": True}

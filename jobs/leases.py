@@ -1,0 +1,144 @@
+"""Leases of running jobs: the heartbeat that shows a run is alive, and a worker's drain.
+
+The claim gives a run a lease of JOBS_LEASE_SECONDS. While handlers run, ONE daemon thread per
+worker process renews the leases of the runs in that process every third of the lease: one
+small UPDATE per run per interval, whatever the job does (not a write per step). When the
+process dies (kill -9, out of memory, a segfault, a lost machine) the renewals stop, the lease
+expires, and the reconciler (`jobs.services.jobs_recover_expired_leases`) takes the job back.
+
+A cancelled job's run keeps renewing while it winds down: a live lease on a `cancelled` job
+means a run that has not yet noticed, which the reconciler terminates after JOBS_CANCEL_GRACE.
+
+Drain: when a worker is told to stop (SIGTERM, Celery's warm shutdown), its main process marks
+the worker as draining in Redis. The heartbeat thread of each pool process looks for the mark
+every second and asks the runs in its process to hand their jobs back (`HandBack`, raised at
+their next `ctx` call), so a shutdown never waits for a long job, and the job goes on in
+another worker from its last finished step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from jobs.models import Job
+
+if TYPE_CHECKING:
+    from jobs.runtime import JobContext
+
+logger = logging.getLogger(__name__)
+
+DRAIN_MARK_TTL = 3600  # seconds; a worker that never restarts must not leave the mark forever
+
+
+def lease_deadline() -> Any:
+    """When a lease taken or renewed now expires."""
+    return timezone.now() + timedelta(seconds=settings.JOBS_LEASE_SECONDS)
+
+
+def drain_key(hostname: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}jobs:draining:{hostname}"
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+
+
+def drain_mark(hostname: str, draining: bool) -> None:
+    """Mark (or unmark) the worker `hostname` as draining. Never raises: with Redis down the
+    worker still shuts down, and its jobs come back through their leases."""
+    try:
+        client = _redis()
+        if draining:
+            client.set(drain_key(hostname), "1", ex=DRAIN_MARK_TTL)
+        else:
+            client.delete(drain_key(hostname))
+        client.close()
+    except redis.RedisError as exc:
+        logger.warning("could not %s the drain mark of %s: %s", "set" if draining else "clear", hostname, exc)
+
+
+class Heartbeat:
+    """The lease-renewing thread of one process, and the runs it keeps alive."""
+
+    max_tick = 1.0  # seconds between two looks at the drain mark (at most)
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._runs: dict[Any, JobContext] = {}
+        self._renewed_at = time.monotonic()
+        self._redis: redis.Redis | None = None
+        self._thread = threading.Thread(target=self._loop, name="job-lease-heartbeat", daemon=True)
+        self._thread.start()
+
+    def add(self, ctx: JobContext) -> None:
+        with self._lock:
+            self._runs[ctx.job_id] = ctx
+
+    def remove(self, ctx: JobContext) -> None:
+        with self._lock:
+            if self._runs.get(ctx.job_id) is ctx:
+                del self._runs[ctx.job_id]
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(min(self.max_tick, settings.JOBS_LEASE_SECONDS / 6))
+            with self._lock:
+                runs = list(self._runs.values())
+            if not runs:
+                continue
+            self._look_for_drain(runs)
+            if time.monotonic() - self._renewed_at >= settings.JOBS_LEASE_SECONDS / 3:
+                self._renew(runs)
+
+    def _renew(self, runs: list[JobContext]) -> None:
+        try:
+            for ctx in runs:
+                # Processing or cancelled, under this run's attempt: the run is still alive.
+                Job.objects.filter(
+                    pk=ctx.job_id, attempts=ctx.attempt, status__in=[Job.Status.PROCESSING, Job.Status.CANCELLED]
+                ).update(lease_expires_at=lease_deadline())
+            self._renewed_at = time.monotonic()
+        except Exception as exc:  # the database restarting: try again at the next tick
+            logger.warning("could not renew job leases: %s", exc)
+        finally:
+            # No idle connection per process between two renewals (nor a dead one after a
+            # database restart): one connect every third of a lease is cheap.
+            connection.close()
+
+    def _look_for_drain(self, runs: list[JobContext]) -> None:
+        hostnames = {ctx.worker_hostname for ctx in runs if ctx.worker_hostname and not ctx.hand_back_requested}
+        if not hostnames:
+            return
+        try:
+            self._redis = self._redis or _redis()
+            draining = {name for name in hostnames if self._redis.exists(drain_key(name))}
+        except redis.RedisError:
+            self._redis = None
+            return
+        for ctx in runs:
+            if ctx.worker_hostname in draining:
+                ctx.hand_back_requested = True
+
+
+_heartbeat: Heartbeat | None = None
+_heartbeat_lock = threading.Lock()
+
+
+def heartbeat() -> Heartbeat:
+    """This process's heartbeat, started on first use (after a fork: the child's own)."""
+    global _heartbeat
+    with _heartbeat_lock:
+        if _heartbeat is None or _heartbeat.pid != os.getpid():
+            _heartbeat = Heartbeat()
+        return _heartbeat

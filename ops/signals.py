@@ -1,0 +1,103 @@
+"""The worker's side of operations: Celery signal receivers, connected by `OpsConfig.ready`.
+
+They run in every process that starts Celery (worker, beat) and do nothing elsewhere:
+
+- Logging: Celery would replace Django's LOGGING with its own format; the platform's
+  configuration applies instead (JSON in production, job id and kind on a job's lines).
+- Around each run of `jobs.run`, the job's id and kind are the log context of the pool process,
+  and the time the worker last took a job is recorded for /readyz.
+- The worker's heartbeat (its queues, that it is alive) for /readyz and /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.config
+import time
+from typing import Any
+
+from celery import signals
+from django.conf import settings
+
+from ops.workers import worker_forget, worker_heartbeat, worker_job_taken
+from taskplatform.logging import job_log_context_reset, job_log_context_set
+
+JOB_TASK = "jobs.run"
+
+
+@signals.setup_logging.connect
+def _logging_from_settings(loglevel: Any = None, logfile: str | None = None, **kwargs: Any) -> None:
+    """Celery's worker and beat log through settings.LOGGING, as the web server does. Connecting
+    here is what stops Celery from installing its own handlers; its `--loglevel` still applies,
+    and `--logfile` gets a file handler with the same format."""
+    logging.config.dictConfig(settings.LOGGING)
+    root = logging.getLogger()
+    if loglevel:
+        root.setLevel(loglevel)
+    if logfile:
+        console = root.handlers[0]
+        handler = logging.FileHandler(logfile)
+        handler.setFormatter(console.formatter)
+        for log_filter in console.filters:
+            handler.addFilter(log_filter)
+        root.addHandler(handler)
+
+
+def _job_kind(task: Any, job_id: str) -> str | None:
+    """The kind from the message's shadow name (`job_dispatch` sets it): no query. A message
+    without one (sent by hand) costs one primary-key lookup."""
+    shadow = getattr(task.request, "shadow", None)
+    if shadow and shadow != JOB_TASK:
+        return shadow
+    from jobs.models import Job
+
+    try:
+        return Job.objects.filter(pk=job_id).values_list("kind", flat=True).first()
+    except Exception:  # a malformed id: the runner reports it; logging must not fail the task
+        return None
+
+
+@signals.task_prerun.connect
+def _job_run_begins(sender: Any = None, task: Any = None, args: Any = None, **kwargs: Any) -> None:
+    task = task or sender
+    if getattr(task, "name", None) != JOB_TASK or not args:
+        return
+    job_id = str(args[0])
+    job_log_context_set(job_id=job_id, job_kind=_job_kind(task, job_id))
+    hostname = getattr(task.request, "hostname", None)
+    if hostname and not getattr(task.request, "is_eager", False):
+        worker_job_taken(hostname=hostname)
+
+
+@signals.task_postrun.connect
+def _job_run_ends(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
+    task = task or sender
+    if getattr(task, "name", None) == JOB_TASK:
+        job_log_context_reset()
+
+
+@signals.worker_ready.connect
+def _heartbeat_begins(sender: Any = None, **kwargs: Any) -> None:
+    """In the worker's main process, once it consumes: write the heartbeat now and then on the
+    worker's own timer. A consumer that hangs stops beating, and /readyz notices."""
+    consumer = sender
+    hostname = consumer.hostname
+    started_at = time.time()
+    queues: list[str] = []
+
+    def beat() -> None:
+        # Read each time: `celery control add_consumer` changes them; keep the last known while
+        # the consumer reconnects.
+        if consumer.task_consumer is not None:
+            queues[:] = [queue.name for queue in consumer.task_consumer.queues]
+        worker_heartbeat(hostname=hostname, queues=queues, started_at=started_at)
+
+    beat()
+    consumer.timer.call_repeatedly(settings.OPS_HEARTBEAT_INTERVAL, beat)
+
+
+@signals.worker_shutdown.connect
+def _heartbeat_ends(sender: Any = None, **kwargs: Any) -> None:
+    hostname = getattr(sender, "hostname", None)
+    if hostname:
+        worker_forget(hostname=hostname)

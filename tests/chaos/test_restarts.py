@@ -173,8 +173,12 @@ def test_postgres_restart_worker_and_web_reconnect_and_pending_jobs_proceed(
         assert app.control.add_consumer("jobs", destination=[worker_hostname()], reply=True, timeout=5)
         # Taken (and their claims failed, then retried by Celery): a retried message may be back in
         # the queue for a moment, so what counts is that the worker received all three.
-        wait_until(lambda: received() >= before + 3, timeout=15,
-                   message="the worker did not take the messages while the database was down")
+        try:
+            wait_until(lambda: received() >= before + 3, timeout=15)
+        except AssertionError:
+            raise AssertionError(
+                f"the worker did not take the messages while the database was down (queue: "
+                f"{queue_length(private_redis.url)}):\n{platform.worker.output[-6000:]}") from None
         time.sleep(1.0)  # their claims fail now
         private_postgres.start()
         restarted_at = time.monotonic()

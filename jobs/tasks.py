@@ -1,5 +1,6 @@
 """Celery tasks: thin, take an id, call a service."""
 
+import logging
 import os
 
 from celery import shared_task
@@ -11,6 +12,8 @@ from jobs.broadcast import flush_pending
 from jobs.leases import drain_mark
 from jobs.runner import job_execute
 from jobs.services import jobs_recover_expired_leases, jobs_redispatch_stale, jobs_terminate_cancelled_runs
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(name="jobs.run", bind=True, ignore_result=True)
@@ -34,11 +37,17 @@ def job_run(self, job_id: str) -> str:
 def jobs_reconcile() -> dict[str, int]:
     """Run by beat: re-send the messages of pending jobs that never reached a worker, take back
     the jobs of dead workers (expired leases), terminate cancelled runs past their grace."""
-    return {
-        "redispatched": jobs_redispatch_stale(grace=settings.JOBS_DISPATCH_GRACE),
-        "recovered": jobs_recover_expired_leases(),
-        "terminated": jobs_terminate_cancelled_runs(grace=settings.JOBS_CANCEL_GRACE),
-    }
+    try:
+        return {
+            "redispatched": jobs_redispatch_stale(grace=settings.JOBS_DISPATCH_GRACE),
+            "recovered": jobs_recover_expired_leases(),
+            "terminated": jobs_terminate_cancelled_runs(grace=settings.JOBS_CANCEL_GRACE),
+        }
+    except (OperationalError, InterfaceError) as exc:
+        # The database restarting: nothing to do until it answers; the next pass catches up.
+        logger.warning("reconciler pass skipped, the database is unavailable: %s", exc)
+        connection.close()
+        return {}
 
 
 @worker_shutting_down.connect

@@ -204,3 +204,13 @@ def test_a_kind_with_a_time_limit_is_sent_with_it():
 def test_kind_time_limit_options_are_checked_at_import(options, error):
     with pytest.raises(ValueError, match=error):
         job_kind("test.bad_limits", **options)
+
+
+def test_a_reconciler_pass_during_a_database_outage_is_skipped_with_a_warning(caplog):
+    from django.db import OperationalError
+
+    from jobs.tasks import jobs_reconcile
+
+    with mock.patch("jobs.tasks.jobs_redispatch_stale", side_effect=OperationalError("connection refused")):
+        assert jobs_reconcile() == {}
+    assert "reconciler pass skipped" in caplog.text

@@ -1,4 +1,4 @@
-"""The admin's answer form for each question type.
+"""The answer form for each question type, drawn by the admin and by the job page.
 
 The forms only turn posted fields into the answer's JSON; the answer is then checked against
 the question's schema by `approvals.services.question_answer`, as on every other path. JSON is
@@ -15,6 +15,7 @@ from django.utils.text import capfirst
 
 from approvals.models import Question
 from approvals.schemas import QuestionType, choice_options, is_flat_object, ordered_properties, question_type
+from jobs.errors import PlatformError
 
 TEXTAREA = {"rows": 3, "cols": 60}
 
@@ -25,8 +26,9 @@ class AnswerForm(forms.Form):
     # (name, label, css class) of the submit buttons drawn under the form.
     buttons: list[tuple[str, str, str]] = [("_answer", "Send answer", "default")]
 
-    def __init__(self, question: Question, data: Any = None) -> None:
-        super().__init__(data)
+    def __init__(self, question: Question, data: Any = None, **kwargs: Any) -> None:
+        # kwargs go to Django's Form (`auto_id`, for pages that show several questions at once).
+        super().__init__(data, **kwargs)
         self.question = question
         self.schema = question.schema
 
@@ -35,6 +37,19 @@ class AnswerForm(forms.Form):
 
     def comment(self) -> str:
         return (self.cleaned_data.get("comment") or "").strip()
+
+    def field_for(self, path: str) -> str | None:
+        """The form field that holds `path` of the answer (`answer`, `answer.amount`, …), if one does."""
+        return None
+
+    def add_answer_error(self, error: PlatformError) -> None:
+        """Show an error of `question_answer` next to the field it names (an `InvalidAnswer`'s
+        `field` is `answer` or `answer.<path>`), or above the form when no field holds it."""
+        path = error.field or ""
+        name = self.field_for(path) if path else None
+        prefix = f"{path}: "
+        message = error.message[len(prefix):] if name and error.message.startswith(prefix) else error.message
+        self.add_error(name, message)
 
 
 def _comment_field() -> forms.CharField:
@@ -52,8 +67,8 @@ class ApprovalAnswerForm(AnswerForm):
     buttons = [("_approve", "Approve", "default"), ("_reject", "Reject", "")]
     reason = forms.CharField(required=False, widget=forms.Textarea(attrs=TEXTAREA))
 
-    def __init__(self, question: Question, data: Any = None) -> None:
-        super().__init__(question, data)
+    def __init__(self, question: Question, data: Any = None, **kwargs: Any) -> None:
+        super().__init__(question, data, **kwargs)
         self.reason_required = "then" in self.schema
         self.fields["reason"].label = "Reason (required to reject)" if self.reason_required else "Reason (optional)"
 
@@ -75,12 +90,15 @@ class ApprovalAnswerForm(AnswerForm):
     def comment(self) -> str:
         return (self.cleaned_data.get("reason") or "").strip()
 
+    def field_for(self, path: str) -> str | None:
+        return "reason" if path == "answer.reason" else None
+
 
 class ChoiceAnswerForm(AnswerForm):
     """Exactly one option, as radio buttons."""
 
-    def __init__(self, question: Question, data: Any = None) -> None:
-        super().__init__(question, data)
+    def __init__(self, question: Question, data: Any = None, **kwargs: Any) -> None:
+        super().__init__(question, data, **kwargs)
         self.fields["choice"] = forms.ChoiceField(choices=_choices(self.schema), widget=forms.RadioSelect,
                                                   label="Your choice")
         self.fields["comment"] = _comment_field()
@@ -88,12 +106,15 @@ class ChoiceAnswerForm(AnswerForm):
     def answer(self) -> Any:
         return json.loads(self.cleaned_data["choice"])
 
+    def field_for(self, path: str) -> str | None:
+        return "choice"
+
 
 class MultipleChoiceAnswerForm(AnswerForm):
     """Some options, as checkboxes; how many is checked by the schema (minItems, maxItems)."""
 
-    def __init__(self, question: Question, data: Any = None) -> None:
-        super().__init__(question, data)
+    def __init__(self, question: Question, data: Any = None, **kwargs: Any) -> None:
+        super().__init__(question, data, **kwargs)
         low, high = self.schema.get("minItems", 0), self.schema.get("maxItems")
         hint = f"choose at least {low}" + (f" and at most {high}" if high is not None else "")
         self.fields["choices"] = forms.MultipleChoiceField(
@@ -105,12 +126,15 @@ class MultipleChoiceAnswerForm(AnswerForm):
     def answer(self) -> list[Any]:
         return [json.loads(value) for value in self.cleaned_data.get("choices") or []]
 
+    def field_for(self, path: str) -> str | None:
+        return "choices"
+
 
 class TextAnswerForm(AnswerForm):
     """A free text, at most `maxLength` characters."""
 
-    def __init__(self, question: Question, data: Any = None) -> None:
-        super().__init__(question, data)
+    def __init__(self, question: Question, data: Any = None, **kwargs: Any) -> None:
+        super().__init__(question, data, **kwargs)
         self.fields["text"] = forms.CharField(
             label="Your answer", widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), strip=False,
             max_length=self.schema.get("maxLength"), required=self.schema.get("minLength", 0) > 0,
@@ -119,6 +143,9 @@ class TextAnswerForm(AnswerForm):
 
     def answer(self) -> str:
         return self.cleaned_data.get("text") or ""
+
+    def field_for(self, path: str) -> str | None:
+        return "text"
 
 
 def _property_field(prop: dict, *, required: bool, label: str) -> forms.Field:
@@ -150,8 +177,8 @@ def _property_field(prop: dict, *, required: bool, label: str) -> forms.Field:
 class FlatFormAnswerForm(AnswerForm):
     """An object whose properties are scalars: one field each (text, number, checkbox, select)."""
 
-    def __init__(self, question: Question, data: Any = None) -> None:
-        super().__init__(question, data)
+    def __init__(self, question: Question, data: Any = None, **kwargs: Any) -> None:
+        super().__init__(question, data, **kwargs)
         required = set(self.schema.get("required") or [])
         self.properties: list[tuple[str, str, dict]] = []
         for name, prop in ordered_properties(self.schema):
@@ -179,12 +206,16 @@ class FlatFormAnswerForm(AnswerForm):
                 result[name] = value
         return result
 
+    def field_for(self, path: str) -> str | None:
+        name = path.split(".")[1] if "." in path else ""
+        return next((field_name for field_name, prop_name, _ in self.properties if prop_name == name), None)
+
 
 class JsonAnswerForm(AnswerForm):
     """A nested schema: the answer as JSON, checked against the schema by the service."""
 
-    def __init__(self, question: Question, data: Any = None) -> None:
-        super().__init__(question, data)
+    def __init__(self, question: Question, data: Any = None, **kwargs: Any) -> None:
+        super().__init__(question, data, **kwargs)
         self.fields["answer_json"] = forms.CharField(
             label="Answer (JSON)", help_text="A JSON value matching the answer schema shown above.",
             widget=forms.Textarea(attrs={"rows": 8, "cols": 60, "style": "font-family: monospace"}),
@@ -200,9 +231,13 @@ class JsonAnswerForm(AnswerForm):
     def answer(self) -> Any:
         return self.cleaned_data["answer_json"]
 
+    def field_for(self, path: str) -> str | None:
+        return "answer_json"
 
-def answer_form_for(question: Question, data: Any = None) -> AnswerForm:
-    """The form that fits the question's type (JSON only for nested schemas)."""
+
+def answer_form_for(question: Question, data: Any = None, **kwargs: Any) -> AnswerForm:
+    """The form that fits the question's type (JSON only for nested schemas); `kwargs` go to
+    Django's Form (`auto_id`)."""
     kind = question_type(question.schema)
     form_class: type[AnswerForm] = {
         QuestionType.APPROVAL: ApprovalAnswerForm,
@@ -212,4 +247,4 @@ def answer_form_for(question: Question, data: Any = None) -> AnswerForm:
     }.get(kind, JsonAnswerForm)
     if kind == QuestionType.FORM and is_flat_object(question.schema):
         form_class = FlatFormAnswerForm
-    return form_class(question, data)
+    return form_class(question, data, **kwargs)

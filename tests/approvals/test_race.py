@@ -23,7 +23,9 @@ from tests.conftest import make_user
 # Real concurrency needs committed rows and a connection per thread. On PostgreSQL the question's
 # row lock (SELECT … FOR UPDATE) decides; on SQLite, IMMEDIATE transactions make the second writer
 # wait at BEGIN: the same outcome, the same assertions.
-pytestmark = pytest.mark.django_db(transaction=True)
+# The jobs run in this process: a session worker left running by an earlier test would claim
+# them first (their messages go out at commit).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("only_own_workers")]
 
 
 def run_together(*calls) -> list[Any]:

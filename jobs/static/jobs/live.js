@@ -1,7 +1,9 @@
 /* Live job pages, no build step.
  *
  * [data-live-job]  follows /ws/jobs/{id}/?after=<last seq>: status, progress bar, timeline, and
- *                  the panel (result, error, question form) re-fetched when the status changes.
+ *                  the panel (result, error, open questions with their answer forms) re-fetched
+ *                  when the status changes or a question event arrives; what a reviewer typed
+ *                  into an answer form is kept across the refresh.
  * [data-live-feed] follows /ws/jobs/: the status of each listed job, new jobs on top.
  *
  * Both reconnect with exponential backoff (0.5 s doubling to 15 s, with jitter). A job page
@@ -68,18 +70,59 @@
     return li;
   }
 
+  /* What a reviewer typed into an answer form survives a refresh of the panel: a form the server
+   * sends again for the same question gets the values back. A question that closed, or that the
+   * viewer may no longer answer, comes back without a form, and its input goes with it. */
+  function replacePanel(panel, html) {
+    var typed = {};
+    panel.querySelectorAll("form.answer[data-touched]").forEach(function (form) {
+      typed[form.dataset.questionId] = form;
+    });
+    var focused = document.activeElement;
+    var fresh = document.createElement("div");
+    fresh.innerHTML = html;
+    var refocus = null;
+    fresh.querySelectorAll("form.answer[data-question-id]").forEach(function (form) {
+      var old = typed[form.dataset.questionId];
+      if (!old) return;
+      form.dataset.touched = "1";
+      Array.prototype.forEach.call(old.elements, function (el) {
+        if (!el.name || el.type === "hidden" || el.type === "submit" || el.name === "csrfmiddlewaretoken") return;
+        var same = Array.prototype.filter.call(form.elements, function (other) {
+          return other.name === el.name && (el.type !== "radio" && el.type !== "checkbox" || other.value === el.value);
+        })[0];
+        if (!same) return;
+        if (el.type === "radio" || el.type === "checkbox") same.checked = el.checked;
+        else if (el.tagName === "SELECT" && el.multiple) {
+          Array.prototype.forEach.call(same.options, function (option) {
+            option.selected = Array.prototype.some.call(el.selectedOptions, function (o) { return o.value === option.value; });
+          });
+        } else same.value = el.value;
+        if (el === focused) refocus = same;
+      });
+    });
+    panel.replaceChildren.apply(panel, Array.prototype.slice.call(fresh.childNodes));
+    if (refocus) refocus.focus();
+  }
+
+  function markTyped(e) { // a form the reviewer has changed keeps its values across refreshes
+    if (e.target.form && e.target.form.classList.contains("answer")) e.target.form.dataset.touched = "1";
+  }
+
   function liveJob(root) {
     var lastSeq = parseInt(root.dataset.lastSeq || "0", 10);
     var panelUrl = root.dataset.panelUrl;
     var timeline = role(root, "timeline");
     var refreshing = null;
+    var panel = role(root, "panel");
+    if (panel) { panel.addEventListener("input", markTyped); panel.addEventListener("change", markTyped); }
 
     function refreshPanel() { // coalesce bursts of status changes into one fetch
       if (refreshing) return;
       refreshing = setTimeout(function () {
         refreshing = null;
         fetch(panelUrl, {credentials: "same-origin"}).then(function (r) { return r.ok ? r.text() : null; })
-          .then(function (html) { if (html !== null) role(root, "panel").innerHTML = html; });
+          .then(function (html) { if (html !== null) replacePanel(role(root, "panel"), html); });
       }, 50);
     }
 

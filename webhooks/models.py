@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 
 from jobs.models import Job
+from webhooks.targets import webhook_url_validate
 
 
 class Webhook(models.Model):
@@ -26,7 +27,9 @@ class Webhook(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="webhooks"
     )
-    url = models.URLField(max_length=2000)
+    # The validator refuses what webhooks may not be sent to (`webhooks.targets`) in every form of
+    # the model; deliveries check again, after resolving the host.
+    url = models.URLField(max_length=2000, validators=[webhook_url_validate])
     # Which job statuses are delivered: a subset of Event.
     events = models.JSONField(default=list)
     # The HMAC-SHA256 key of the signatures. Kept in clear because signing needs it; shown to the

@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from jobs.serializers import JSONObjectField
 from webhooks.models import Webhook, WebhookDelivery
+from webhooks.targets import WebhookTargetRefused, webhook_url_check
 
 
 class WebhookSerializer(serializers.ModelSerializer):
@@ -32,7 +33,11 @@ class WebhookCreatedSerializer(WebhookSerializer):
 class WebhookCreateSerializer(serializers.Serializer):
     """The body of `POST /api/webhooks/`."""
 
-    url = serializers.URLField(max_length=2000, help_text="An http(s) URL that accepts POSTed JSON.")
+    url = serializers.URLField(
+        max_length=2000,
+        help_text="An http(s) URL that accepts POSTed JSON, on a public address: private, loopback and "
+        "link-local ones are refused (when it is sent, too: its host's addresses are checked then).",
+    )
     events = serializers.ListField(
         child=serializers.ChoiceField(choices=Webhook.Event.choices),
         min_length=1,
@@ -40,8 +45,10 @@ class WebhookCreateSerializer(serializers.Serializer):
     )
 
     def validate_url(self, value: str) -> str:
-        if not value.lower().startswith(("http://", "https://")):
-            raise serializers.ValidationError("must be an http or https URL")
+        try:
+            webhook_url_check(value)
+        except WebhookTargetRefused as exc:
+            raise serializers.ValidationError(exc.message) from None
         return value
 
 

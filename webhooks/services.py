@@ -30,6 +30,13 @@ from rest_framework.renderers import JSONRenderer
 from jobs.errors import InvalidInput
 from jobs.models import Job
 from webhooks.models import Webhook, WebhookDelivery
+from webhooks.targets import (
+    WebhookTargetRefused,
+    WebhookTargetUnresolved,
+    webhook_target_post,
+    webhook_target_resolve,
+    webhook_url_check,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +49,10 @@ CLAIM_LEASE_SECONDS = 120
 
 
 def webhook_create(*, owner: Any, url: str, events: list[str]) -> Webhook:
-    """Register `url` for `owner`'s jobs' `events`; the returned webhook carries its new secret."""
+    """Register `url` for `owner`'s jobs' `events`; the returned webhook carries its new secret.
+
+    WebhookTargetRefused (field `url`) for a URL webhooks may not go to (`webhook_url_check`)."""
+    webhook_url_check(url)
     unknown = sorted(set(events) - EVENTS)
     if unknown or not events:
         raise InvalidInput(
@@ -138,9 +148,12 @@ def webhook_deliver(*, delivery_id: Any) -> str:
     """Make one attempt at a due, pending delivery; return its status afterwards ("skipped" when
     it was not due or another process holds it).
 
-    2xx is delivered. Anything else (another status, a timeout, a refused connection) is logged on
-    the row and retried after `delivery_retry_delay`, until WEBHOOK_MAX_ATTEMPTS, then failed.
-    Redirects are not followed.
+    The host is resolved and checked first, and the POST goes to a checked address
+    (`webhooks.targets`): a URL the policy refuses (a private address, unless
+    WEBHOOKS_ALLOW_PRIVATE_NETWORKS) fails at once, with the reason, and is not retried. 2xx is
+    delivered. Anything else (another status, a timeout, a refused connection, no DNS answer) is
+    logged on the row and retried after `delivery_retry_delay`, until WEBHOOK_MAX_ATTEMPTS, then
+    failed. Redirects are not followed.
     """
     now = timezone.now()
     claimed = WebhookDelivery.objects.filter(
@@ -164,14 +177,25 @@ def webhook_deliver(*, delivery_id: Any) -> str:
         SIGNATURE_HEADER: webhook_sign(secret=hook.secret, timestamp=timestamp, body=body),
     }
     try:
-        response = httpx.post(hook.url, content=body, headers=headers, timeout=settings.WEBHOOK_TIMEOUT,
-                              follow_redirects=False)
+        target = webhook_target_resolve(url=hook.url)
+    except WebhookTargetRefused as exc:
+        # Our policy, not the receiver's state: trying again would be refused again.
+        return _record(delivery, status_code=None, error=f"refused: {exc.message}"[:2000], final=True)
+    except WebhookTargetUnresolved as exc:
+        return _record(delivery, status_code=None, error=f"DNS: {exc}"[:2000])
+    try:
+        response = webhook_target_post(target=target, content=body, headers=headers,
+                                       timeout=settings.WEBHOOK_TIMEOUT)
     except httpx.HTTPError as exc:
         return _record(delivery, status_code=None, error=f"{type(exc).__name__}: {exc}"[:2000])
     if 200 <= response.status_code < 300:
         return _record(delivery, status_code=response.status_code, error="")
-    return _record(delivery, status_code=response.status_code, error=f"HTTP {response.status_code}: "
-                   f"{response.text[:500]}")
+    if response.is_redirect:
+        error = (f"HTTP {response.status_code}: redirect to {response.headers.get('Location', '')[:500]} not "
+                 "followed; register the URL that answers")
+    else:
+        error = f"HTTP {response.status_code}: {response.text[:500]}"
+    return _record(delivery, status_code=response.status_code, error=error)
 
 
 def _record(delivery: WebhookDelivery, *, status_code: int | None, error: str, final: bool = False) -> str:

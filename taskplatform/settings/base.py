@@ -312,6 +312,13 @@ WEBHOOK_RETRY_BASE = env.float("WEBHOOK_RETRY_BASE", default=10.0)
 WEBHOOK_RETRY_MAX = env.float("WEBHOOK_RETRY_MAX", default=3600.0)
 WEBHOOK_SWEEP_INTERVAL = env.float("WEBHOOK_SWEEP_INTERVAL", default=10.0)
 CELERY_BEAT_SCHEDULE["webhooks-send-due"] = {"task": "webhooks.send_due", "schedule": WEBHOOK_SWEEP_INTERVAL}
+# Where webhooks may go (server-side request forgery, see webhooks/targets.py): a delivery resolves
+# the host, refuses it when any address is loopback, private, link-local (cloud metadata), CGNAT,
+# multicast or reserved, and connects to the address it checked. True allows every address, for
+# on-premise deployments whose receivers are on the internal network.
+WEBHOOKS_ALLOW_PRIVATE_NETWORKS = env.bool("WEBHOOKS_ALLOW_PRIVATE_NETWORKS", default=False)
+# True refuses plain-http webhook URLs, at registration and at delivery.
+WEBHOOKS_REQUIRE_HTTPS = env.bool("WEBHOOKS_REQUIRE_HTTPS", default=False)
 
 # --- Questions to reviewers (approvals) --------------------------------------------------------
 # Who is asked when a job's `ctx.ask` names nobody: usernames and "group:name"s.

@@ -11,7 +11,7 @@ import pytest
 from jobs.runner import job_execute
 from jobs.services import job_submit
 from tests.api.conftest import client_for
-from tests.support.processes import wait_until
+from tests.support.processes import celery_worker, wait_until
 from webhooks.models import Webhook, WebhookDelivery
 
 
@@ -80,8 +80,18 @@ def test_the_admin_shows_deliveries_and_sends_one_again(client, superuser, submi
     assert delivery.status == "pending" and delivery.attempts == 7
 
 
+@pytest.fixture
+def on_premise_worker(only_own_workers):
+    """A real worker of a deployment that allows private webhook targets (the receiver listens on
+    127.0.0.1); the session's worker, which keeps the default policy, is stopped meanwhile."""
+    process = celery_worker(name="on-premise-worker", env={"WEBHOOKS_ALLOW_PRIVATE_NETWORKS": "true"}).start()
+    yield process
+    process.stop()
+
+
 @pytest.mark.worker
-def test_a_real_worker_delivers_a_signed_webhook_when_a_submitted_job_completes(worker, submitter, receiver):
+def test_a_real_worker_delivers_a_signed_webhook_when_a_submitted_job_completes(on_premise_worker, submitter,
+                                                                                 receiver):
     api = client_for(submitter)
     secret = api.post("/api/webhooks/", {"url": receiver.url, "events": ["completed"]}, format="json").json()["secret"]
     job = api.post("/api/jobs/", {"kind": "demo.noop"}, format="json").json()

@@ -13,6 +13,8 @@ from django.db import connections, models
 from django.db.models import Q
 from django.db.models.sql import UpdateQuery
 
+from taskplatform.timestamps import iso_utc
+
 
 class JobQuerySet(models.QuerySet):
     def update_returning(self, *, then_insert: tuple[str, list] | None = None, **fields: Any) -> Job | None:
@@ -211,5 +213,5 @@ class JobEvent(models.Model):
             "step": self.step or None,
             "status": self.status or None,
             "message": self.message,
-            "created_at": self.created_at.isoformat(),
+            "created_at": iso_utc(self.created_at),
         }

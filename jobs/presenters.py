@@ -6,14 +6,10 @@ serializer produces the same shape.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from jobs.models import Job
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+from taskplatform.timestamps import iso_utc
 
 
 def job_as_dict(job: Job) -> dict[str, Any]:
@@ -27,8 +23,8 @@ def job_as_dict(job: Job) -> dict[str, Any]:
         "error": job.error,
         "progress": {"fraction": job.progress_fraction, "text": job.progress_text},
         "attempts": job.attempts,
-        "created_at": _iso(job.created_at),
-        "updated_at": _iso(job.updated_at),
-        "started_at": _iso(job.started_at),
-        "finished_at": _iso(job.finished_at),
+        "created_at": iso_utc(job.created_at),
+        "updated_at": iso_utc(job.updated_at),
+        "started_at": iso_utc(job.started_at),
+        "finished_at": iso_utc(job.finished_at),
     }

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from django.utils import timezone
 
 from jobs.runtime import JobFailure, ParkForWait
+from taskplatform.timestamps import iso_utc
 from waits.models import Wait
 from waits.policy import CheckResult, Throttled, TransportError, WaitPolicy
 from waits.services import (
@@ -151,8 +152,8 @@ def _park(ctx: JobContext, wait: Wait, fields: dict[str, Any], reason: str, deta
     deadline = fields.get("deadline_at", wait.deadline_at)
     parked: Event = ("parked", {
         "reason": reason, "service": wait.service, "external_id": fields.get("external_id", wait.external_id),
-        "next_check_at": next_due.isoformat() if next_due else None,
-        "deadline_at": deadline.isoformat() if deadline else None, **detail,
+        "next_check_at": iso_utc(next_due),
+        "deadline_at": iso_utc(deadline), **detail,
     })
     apply = partial(wait_park_apply, wait=wait, fields=fields, events=[*(events or []), parked],
                     run_attempt=ctx.attempt)

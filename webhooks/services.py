@@ -29,6 +29,7 @@ from rest_framework.renderers import JSONRenderer
 
 from jobs.errors import InvalidInput
 from jobs.models import Job
+from taskplatform.timestamps import iso_utc
 from webhooks.models import Webhook, WebhookDelivery
 from webhooks.targets import (
     WebhookTargetRefused,
@@ -102,7 +103,7 @@ def webhook_deliveries_enqueue(
     if not hooks:
         return []
     now = timezone.now()
-    payload = {"event": f"job.{event}", "created_at": now.isoformat(), "job": _job_payload(job), **(extra or {})}
+    payload = {"event": f"job.{event}", "created_at": iso_utc(now), "job": _job_payload(job), **(extra or {})}
     deliveries = WebhookDelivery.objects.bulk_create(
         [
             WebhookDelivery(webhook=hook, job_id=job.pk, event=event, payload=payload, next_attempt_at=now)

@@ -21,6 +21,7 @@ from approvals.services.ledger import decision_record
 from jobs.events import event_append
 from jobs.models import Job
 from jobs.runtime import JobFailure
+from taskplatform.timestamps import iso_utc
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ def question_open(
     event_append(
         job_id=job.pk, type="question", step=key, status="open",
         message={"question": str(question.pk), "assignees": question.assignee_names(), "round": question.round,
-                 "expires_at": expires_at.isoformat() if expires_at else None},
+                 "expires_at": iso_utc(expires_at)},
     )
     question_announce(question=question, job=job, action=action)
     return question

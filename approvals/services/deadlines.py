@@ -20,6 +20,7 @@ from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
 from jobs.services import job_cancel, job_transition
+from taskplatform.timestamps import iso_utc
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def _escalate(question: Question, policy: dict[str, Any], now: datetime) -> None
     question.on_timeout = policy.get("then") if timeout else None
     question.save(update_fields=["expires_at", "on_timeout"])
     question_assign(question=question, assignees={"users": policy.get("users"), "groups": policy.get("groups")})
-    detail = {"to": policy.get("to"), "expires_at": question.expires_at.isoformat() if question.expires_at else None}
+    detail = {"to": policy.get("to"), "expires_at": iso_utc(question.expires_at)}
     if question.expires_at:
         detail["then"] = policy_describe(question.on_timeout)
     decision_record(question=question, kind=Decision.Kind.ESCALATED, channel=Decision.Channel.SYSTEM,

@@ -23,6 +23,7 @@ from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
 from jobs.errors import UnknownKind
 from jobs.models import Job
 from jobs.registry import kind_get
+from taskplatform.timestamps import iso_utc
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def _question_payload(question: Question, action: str) -> dict[str, Any]:
             "details": question.details,
             "assignees": question.assignee_names(),
             "required_approvals": question.required_approvals,
-            "expires_at": question.expires_at.isoformat() if question.expires_at else None,
+            "expires_at": iso_utc(question.expires_at),
             "url": question_link(question),
         },
     }

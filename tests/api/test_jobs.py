@@ -282,3 +282,19 @@ def test_a_user_with_two_tokens_sees_the_same_jobs(submitter):
     job, _ = job_submit(kind="demo.noop", owner=submitter)
     for client in (client_for(submitter), client_for(submitter)):
         assert client.get(f"/api/jobs/{job.pk}/").status_code == 200
+
+
+def test_times_are_written_the_same_way_by_the_api_and_the_live_streams(api, submitter):
+    """A client that mixes the REST API with websocket or SSE pushes compares times as text."""
+    from jobs.presenters import job_as_dict
+    from jobs.runner import job_execute
+
+    job = job_submit(kind="demo.noop", input={}, owner=submitter)[0]
+    job_execute(job_id=job.pk)
+    job.refresh_from_db()
+    pushed = job_as_dict(job)
+    served = api.get(f"/api/jobs/{job.pk}/").json()
+    for field in ("created_at", "updated_at", "started_at", "finished_at"):
+        assert served[field] == pushed[field] and served[field].endswith("Z"), field
+    streamed = [event.as_dict()["created_at"] for event in job.events.order_by("seq")]
+    assert [event["created_at"] for event in api.get(f"/api/jobs/{job.pk}/events/").json()] == streamed

@@ -35,6 +35,10 @@ def test_database_url() -> str:
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a process that must see exactly what the tests see."""
     env = dict(os.environ)
+    # Importing taskplatform.asgi (the consumer tests do) turns the web server's connection pool
+    # on in THIS process's environment; a worker must not inherit it (a pool that waits 10 s for a
+    # connection while the database restarts would stall the worker). A server sets it itself.
+    env.pop("DATABASE_POOL", None)
     env.update(
         DJANGO_SETTINGS_MODULE="taskplatform.settings.test",
         DATABASE_URL=test_database_url(),

@@ -7,8 +7,8 @@ JSON) on the same broker and database:
 
 1. bare celery: N `bench.noop` tasks sent with `apply_async`, timed from the first send until the
    worker has run all N (each task adds one to a Redis counter);
-2. platform: N `demo.noop` jobs submitted as `manage.py submit --count N` does (`job_submit` in
-   transactions of 500), timed from the first submit until all N are `completed` in the database.
+2. platform: N `demo.noop` jobs submitted as `manage.py submit --count N` does
+   (`jobs_submit_many`, batches of 500), timed from the first submit until all N are `completed` in the database.
 
 It prints a table, writes `bench/results/throughput-<UTC timestamp>.json` and rewrites
 `bench/results/throughput-latest.md` (the newest result of each database and Redis setup).
@@ -279,16 +279,13 @@ def platform_run(count: int, *, worker: Worker, timeout: float, created: list[An
 
     The ids of the jobs made are appended to `created` (to delete them afterwards).
     """
-    from django.db import transaction
-
-    from jobs.services import job_submit
+    from jobs.services import jobs_submit_many
 
     start = time.perf_counter()
     ids: list[Any] = []
     for offset in range(0, count, SUBMIT_BATCH):
         # As the command: one transaction per batch; its jobs are dispatched when it commits.
-        with transaction.atomic():
-            ids += [job_submit(kind="demo.noop", input={})[0].pk for _ in range(min(SUBMIT_BATCH, count - offset))]
+        ids += [job.pk for job in jobs_submit_many(kind="demo.noop", inputs=[{}] * min(SUBMIT_BATCH, count - offset))]
     submitted = time.perf_counter()
     created += ids
     wait_until(jobs_finished(ids), worker=worker, timeout=timeout, what="platform")

@@ -47,6 +47,19 @@ def event_record(
     return event
 
 
+def events_record_first(*, jobs: list[Job]) -> list[JobEvent]:
+    """Insert the first event (`status pending`, seq 1) of each of `jobs`, just created with
+    `event_seq=1`, in one statement; push each once the transaction commits."""
+    now = timezone.now()
+    events = JobEvent.objects.bulk_create(
+        [JobEvent(job_id=job.pk, seq=1, type="status", status=Job.Status.PENDING, message={}, created_at=now)
+         for job in jobs]
+    )
+    for job, event in zip(jobs, events, strict=True):
+        transaction.on_commit(partial(event_publish, job=job, event=event), robust=True)
+    return events
+
+
 _EVENT_COLUMNS = ["job_id", "seq", "type", "step", "status", "message", "created_at"]
 
 

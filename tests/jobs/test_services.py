@@ -141,3 +141,37 @@ def test_only_job_transition_writes_the_status_column():
     assert [o for o in offenders if o.split(":")[0] not in allowed] == []
     # ...and in jobs/services.py only job_transition builds the status value.
     assert [o for o in offenders if o.startswith("jobs/services.py")] != []
+
+
+def test_submit_many_creates_every_job_with_its_first_event_and_dispatches_after_commit(
+    django_capture_on_commit_callbacks, submitter
+):
+    with django_capture_on_commit_callbacks() as callbacks:
+        from jobs.services import jobs_submit_many
+
+        jobs = jobs_submit_many(kind="demo.sleep", inputs=[{"seconds": 0, "steps": n} for n in (1, 2, 3)],
+                                owner=submitter)
+    assert [job.input["steps"] for job in jobs] == [1, 2, 3]
+    for job in Job.objects.filter(pk__in=[job.pk for job in jobs]):
+        assert job.status == S.PENDING and job.owner == submitter and job.event_seq == 1 and job.max_attempts == 3
+        assert [(e.seq, e.type, e.status) for e in job.events.all()] == [(1, "status", "pending")]
+    assert len(dispatches(callbacks)) == 3
+
+
+def test_submit_many_is_all_or_nothing_and_names_the_bad_input():
+    from jobs.services import jobs_submit_many
+
+    with pytest.raises(InvalidInput) as info:
+        jobs_submit_many(kind="demo.sleep", inputs=[{"seconds": 0, "steps": 1}, {"seconds": 0, "steps": "x"}])
+    assert info.value.field == "inputs[1].steps" and info.value.message.startswith("inputs[1].steps:")
+    assert Job.objects.count() == 0
+
+
+def test_the_submit_command_prints_one_id_per_job(capsys):
+    from django.core.management import CommandError, call_command
+
+    call_command("submit", "demo.noop", "--count", "3")
+    ids = capsys.readouterr().out.split()
+    assert len(ids) == 3 and Job.objects.filter(pk__in=ids, kind="demo.noop").count() == 3
+    with pytest.raises(CommandError, match="inputs\\[0\\]"):
+        call_command("submit", "demo.sleep", "--input", '{"seconds": 1}')

@@ -1,10 +1,9 @@
 import json
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
 
 from jobs.errors import PlatformError
-from jobs.services import job_submit
+from jobs.services import jobs_submit_many
 
 
 class Command(BaseCommand):
@@ -26,8 +25,7 @@ class Command(BaseCommand):
         try:
             for start in range(0, count, batch):
                 # One transaction per batch; every job is dispatched when its batch commits.
-                with transaction.atomic():
-                    ids = [job_submit(kind=kind, input=payload)[0].pk for _ in range(min(batch, count - start))]
-                self.stdout.write("\n".join(str(i) for i in ids))
+                jobs = jobs_submit_many(kind=kind, inputs=[payload] * min(batch, count - start))
+                self.stdout.write("\n".join(str(job.pk) for job in jobs))
         except PlatformError as exc:
             raise CommandError(exc.message) from exc

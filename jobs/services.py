@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from jobs.errors import IdempotencyConflict, InvalidInput, InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import event_append, event_record, events_record_first, job_update_with_event
+from jobs.leases import lease_deadline
 from jobs.models import Job
 from jobs.registry import kind_get
 
@@ -246,8 +247,6 @@ def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
     One conditional UPDATE, so of two deliveries of the same message exactly one wins; the
     other gets InvalidTransition and must do nothing.
     """
-    from jobs.leases import lease_deadline
-
     return job_transition(
         job_id=job_id,
         to=Status.PROCESSING,

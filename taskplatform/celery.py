@@ -1,5 +1,6 @@
 """The Celery app: `celery -A taskplatform worker|beat|flower`."""
 
+import functools
 import os
 
 from celery import Celery, signals
@@ -29,12 +30,16 @@ def _close_old_connections(**kwargs) -> None:
 PLATFORM_QUEUE = "platform"
 
 
-def _route(name, args, kwargs, options, task=None, **kw):
+@functools.cache
+def _beat_tasks() -> frozenset[str]:
+    """The names of the tasks beat sends (read once: the router runs for every message)."""
     from django.conf import settings
 
-    if name in {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}:
-        return {"queue": PLATFORM_QUEUE}
-    return None
+    return frozenset(entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values())
+
+
+def _route(name, args, kwargs, options, task=None, **kw):
+    return {"queue": PLATFORM_QUEUE} if name in _beat_tasks() else None
 
 
 app.conf.task_routes = (_route,)

@@ -18,7 +18,7 @@ $(BIN)/.installed-dev: requirements.txt requirements-dev.txt $(BIN)/.installed-r
 	touch $@
 
 run: $(BIN)/.installed-run
-	$(BIN)/python -m taskplatform.supervisor
+	$(BIN)/python -m devtools.supervisor
 
 test: $(BIN)/.installed-dev
 	DJANGO_SETTINGS_MODULE=taskplatform.settings.test $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -23,7 +23,7 @@ from approvals.serializers import (
     QuestionSerializer,
 )
 from approvals.services import question_answer, request_client_address
-from taskplatform.api.errors import RETRY_AFTER, error_responses
+from jobs.api_errors import RETRY_AFTER, error_responses
 
 
 @extend_schema_view(

@@ -27,7 +27,7 @@ class Question(models.Model):
     prompt = models.TextField()
     schema = models.JSONField(help_text="JSON Schema the answer must satisfy.")
     details = models.JSONField(default=dict, blank=True, help_text="What the reviewer is shown with the prompt.")
-    # sha256 of prompt, schema and details: what the reviewer saw (see jobs.runtime.question_digest).
+    # sha256 of prompt, schema and details: what the reviewer saw (see approvals.runtime.question_digest).
     digest = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
     answer = models.JSONField(null=True, blank=True)

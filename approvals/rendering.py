@@ -82,3 +82,11 @@ def details_text(value: Any, indent: int = 0) -> str:
             for item in value
         )
     return f"{pad}{_scalar(value)}"
+
+
+def answered_message(question: Any) -> str:
+    """What a reviewer is told after answering (the admin and the job page say the same)."""
+    if question.status == "open":  # a vote towards a quorum
+        return (f"Your approval is recorded ({question.approvals_so_far()} of {question.required_approvals}); "
+                "the question waits for another reviewer.")
+    return f"Answer recorded; job {str(question.job_id)[:8]} resumes."

@@ -1,4 +1,5 @@
-"""Celery tasks of approvals: thin, take an id, call a service."""
+"""Celery tasks of approvals: thin, take an id, call a service. A task is named for the pass or the
+attempt it makes, never the same as the service it calls."""
 
 from celery import shared_task
 
@@ -13,6 +14,6 @@ def questions_enforce_deadlines() -> int:
 
 
 @shared_task(name="approvals.notify", ignore_result=True)
-def question_notify_task(question_id: str, action: str = "open") -> int:
+def question_notification_send(question_id: str, action: str = "open") -> int:
     """E-mail the assignees of a question that opened or was escalated to them."""
     return question_notify(question_id=question_id, action=action)

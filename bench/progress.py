@@ -115,7 +115,7 @@ def prepare_environment() -> str:
     os.environ["REDIS_KEY_PREFIX"] = f"bench-progress-{uuid.uuid4().hex[:8]}:"
     redis = "external Redis"
     if not os.environ.get("REDIS_URL"):
-        from taskplatform import embedded_redis
+        from devtools import embedded_redis
 
         os.environ["REDIS_URL"] = embedded_redis.start()
         redis = "embedded Redis"

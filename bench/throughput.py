@@ -93,7 +93,7 @@ def prepare_environment() -> dict[str, str]:
     os.environ.setdefault("DJANGO_DEBUG", "false")
     redis_kind = "external"
     if not os.environ.get("REDIS_URL"):
-        from taskplatform import embedded_redis
+        from devtools import embedded_redis
 
         os.environ["REDIS_URL"] = embedded_redis.start()
         redis_kind = "embedded"

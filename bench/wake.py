@@ -98,10 +98,10 @@ def main() -> None:
     import httpx
     from django.core.management import call_command
 
+    from demo.simulator import generation_get
     from jobs.models import Job, JobEvent
     from jobs.services import job_submit
     from waits.models import Wait
-    from waits.simulator import generation_get
 
     call_command("migrate", verbosity=0)
     processes = [

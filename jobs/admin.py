@@ -12,15 +12,14 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 
-from approvals.admin import JobDecisionInline
+from jobs.admin_actions import admin_apply_each
 from jobs.errors import PlatformError
+from jobs.extensions import job_admin_inlines, job_admin_links
 from jobs.models import Job, JobEvent
 from jobs.registry import kinds_all
 from jobs.services import job_cancel, job_retry, job_submit
-from ops.flower import flower_task_url, flower_tasks_url
-from taskplatform.admin_actions import admin_apply_each
-from waits.admin import WaitInline
 
 
 class JobSubmitForm(forms.Form):
@@ -66,20 +65,21 @@ class JobAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     list_select_related = ("owner",)
     actions = ("cancel_jobs", "retry_jobs")
-    # The decision ledger of the job's questions (approvals), what it waits for (waits), its event log.
-    inlines = (JobDecisionInline, WaitInline, JobEventInline)
+    # What the feature apps register (jobs.extensions.job_admin_inline: the decision ledger of the
+    # job's questions, what it waits for), then its event log.
+    inlines = (JobEventInline,)
     # The job page shows the same live progress as /jobs/{id}/ (jobs/_live.html and live.js).
     change_form_template = "admin/jobs/job/change_form.html"
     fieldsets = (
         (None, {"fields": ("id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts",
-                           "flower_links")}),
+                           "links")}),
         ("Data", {"fields": ("input_display", "result_display", "error_display", "checkpoint_display")}),
         ("Times", {"fields": ("created_at", "updated_at", "started_at", "finished_at", "run_after")}),
     )
     readonly_fields = (
         "id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts", "input_display",
         "result_display", "error_display", "checkpoint_display", "created_at", "updated_at", "started_at",
-        "finished_at", "run_after", "flower_links",
+        "finished_at", "run_after", "links",
     )
 
     # -- list columns --------------------------------------------------------------------------
@@ -119,15 +119,14 @@ class JobAdmin(admin.ModelAdmin):
     def checkpoint_display(self, job: Job) -> str:
         return self._json(job.checkpoint) if job.checkpoint else "—"
 
-    @admin.display(description="in Flower")
-    def flower_links(self, job: Job) -> str:
-        """The job's Celery tasks (one per run) and all tasks of its kind, in Flower (ops.flower)."""
-        task_id = getattr(job, "task_id", "")  # the Celery task of its latest run, when recorded
-        latest = format_html(' · <a href="{}">its latest run</a>', flower_task_url(task_id)) if task_id else ""
-        return format_html(
-            '<a href="{}">this job\'s tasks</a>{} · <a href="{}">all {} tasks</a>',
-            flower_tasks_url(kind=job.kind, job_id=job.pk), latest, flower_tasks_url(kind=job.kind), job.kind,
-        )
+    @admin.display(description="links")
+    def links(self, job: Job) -> str:
+        """What the feature apps link to (`jobs.extensions.job_admin_link`: the job's tasks in Flower)."""
+        parts = [part for part in (link(job) for link in job_admin_links()) if part]
+        return mark_safe(" · ".join(parts)) if parts else "—"  # each part is built with format_html
+
+    def get_inlines(self, request, obj):
+        return [*job_admin_inlines(), *self.inlines]
 
     def has_change_permission(self, request, obj=None):
         return False  # read-only: changes go through actions that call the services

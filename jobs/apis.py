@@ -2,7 +2,7 @@
 
 Views only translate HTTP: they read through `jobs.selectors` (so anything the caller may not
 see is a 404) and write through `jobs.services`. Errors are PlatformError subclasses, turned
-into responses by `taskplatform.api.errors.api_exception_handler`.
+into responses by `jobs.api_errors.api_exception_handler`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from jobs.api_errors import RETRY_AFTER, error_responses
 from jobs.errors import NotAllowed
 from jobs.models import Job
 from jobs.registry import kinds_all
@@ -30,7 +31,6 @@ from jobs.serializers import (
     JobSubmitSerializer,
 )
 from jobs.services import job_cancel, job_retry, job_submit
-from taskplatform.api.errors import RETRY_AFTER, error_responses
 
 
 class JobKindListApi(APIView):

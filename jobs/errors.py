@@ -1,4 +1,6 @@
-"""The family of errors a caller can cause. The API's exception handler maps them to HTTP once.
+"""The family of errors a caller can cause. The API's exception handler (`jobs.api_errors`) maps
+them to HTTP once. `PlatformError` is the root that every app's errors share (`approvals.errors`,
+`waits.errors`, `webhooks.targets`); it lives here because every feature app stands on `jobs`.
 
 Each carries a stable `code` (documented in the README) and a message that says what was wrong
 and what to do.

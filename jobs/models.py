@@ -13,7 +13,7 @@ from django.db import connections, models
 from django.db.models import Q
 from django.db.models.sql import UpdateQuery
 
-from taskplatform.timestamps import iso_utc
+from jobs.timestamps import iso_utc
 
 
 class JobQuerySet(models.QuerySet):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.models import Job
-from taskplatform.timestamps import iso_utc
+from jobs.timestamps import iso_utc
 
 
 def job_as_dict(job: Job) -> dict[str, Any]:

@@ -43,7 +43,7 @@ class JobKind:
     # Seconds one run may take (a soft limit; None: JOBS_TIME_LIMIT), and what a run past it
     # does: "fail" (the job fails with the code `timeout`) or "retry" (while attempts remain).
     time_limit: float | None = None
-    on_timeout: str = "fail"
+    on_time_limit: str = "fail"
 
     def validate_input(self, value: Any) -> None:
         """Raise InvalidInput naming the first offending field when `value` breaks the schema."""
@@ -69,7 +69,7 @@ def job_kind(
     queue: str | None = None,
     notify_webhook: str | None = None,
     time_limit: float | None = None,
-    on_timeout: str = "fail",
+    on_time_limit: str = "fail",
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of job kind `name`.
 
@@ -77,11 +77,12 @@ def job_kind(
     validated input; what it returns (JSON) becomes the job's result. `allow_self_approval` lets
     the job's submitter answer its questions; `notify_webhook` is a URL POSTed to (signed with
     APPROVALS_WEBHOOK_SECRET) when one of its questions opens. `time_limit` (seconds) ends a
-    run that takes longer: the job fails with `timeout`, or with `on_timeout="retry"` runs again
-    while attempts remain (finished steps are not repeated).
+    run that takes longer: the job fails with `timeout`, or with `on_time_limit="retry"` runs
+    again while attempts remain (finished steps are not repeated). (`on_timeout` is a question's
+    deadline policy, `ctx.ask(..., on_timeout=...)`: another thing.)
     """
-    if on_timeout not in ("fail", "retry"):
-        raise ValueError(f"job kind {name!r}: on_timeout must be 'fail' or 'retry', not {on_timeout!r}")
+    if on_time_limit not in ("fail", "retry"):
+        raise ValueError(f"job kind {name!r}: on_time_limit must be 'fail' or 'retry', not {on_time_limit!r}")
     if time_limit is not None and time_limit <= 0:
         raise ValueError(f"job kind {name!r}: time_limit must be a positive number of seconds")
     schema = input_schema if input_schema is not None else dict(ANY_OBJECT)
@@ -101,7 +102,7 @@ def job_kind(
             queue=queue,
             notify_webhook=notify_webhook,
             time_limit=time_limit,
-            on_timeout=on_timeout,
+            on_time_limit=on_time_limit,
         )
         return handler
 

@@ -15,14 +15,13 @@ from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import RunLost
 from jobs.leases import heartbeat
 from jobs.registry import kind_get
-from jobs.runtime import HandBack, JobContext, JobFailure, ParkForWait, PauseForResolution
+from jobs.runtime import HandBack, JobContext, JobFailure, Suspend
 from jobs.services import (
     job_claim,
     job_complete,
     job_fail,
     job_hand_back,
-    job_park,
-    job_pause,
+    job_suspend,
     run_lease_release,
 )
 
@@ -64,10 +63,8 @@ def _run(kind, ctx: JobContext, job) -> str:
             # A progress report held back by coalescing is written before the outcome, so the
             # log ends with the job's last reported state (a lost run raises RunLost here).
             ctx.flush()
-    except PauseForResolution as pause:
-        return _record(job_pause, job=job, question=pause.question)
-    except ParkForWait as park:
-        return _record(job_park, job=job, apply=park.apply, message=park.message)
+    except Suspend as suspend:  # a question (`paused`), a wait (`waiting`): see jobs.extensions
+        return _record(job_suspend, job=job, to=suspend.status, apply=suspend.apply, message=suspend.message)
     except HandBack as exc:
         return _record(job_hand_back, job=job, reason=str(exc))
     except RunLost as exc:
@@ -79,7 +76,7 @@ def _run(kind, ctx: JobContext, job) -> str:
     except SoftTimeLimitExceeded:
         limit = kind.time_limit
         message = f"the run took longer than its time limit ({limit:g}s)" if limit else "the run took too long"
-        return _record(job_fail, job=job, code="timeout", message=message, retry=kind.on_timeout == "retry")
+        return _record(job_fail, job=job, code="timeout", message=message, retry=kind.on_time_limit == "retry")
     except Exception as exc:
         if database_lost(exc):
             return _hand_back_after_database_loss(job, exc)

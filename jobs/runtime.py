@@ -18,51 +18,67 @@ keep the code between steps cheap and deterministic.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jobs.events import RunLost, event_append
 from jobs.models import Job
 
-if TYPE_CHECKING:
-    from approvals.models import Question
-
 logger = logging.getLogger(__name__)
 
-__all__ = ["HandBack", "JobContext", "JobFailure", "ParkForWait", "PauseForResolution", "RunLost"]
+__all__ = ["HandBack", "JobContext", "JobFailure", "ParkForWait", "PauseForResolution", "RunLost", "Suspend"]
 
 
-class PauseForResolution(BaseException):
-    """Raised by `ctx.ask` when its question has no answer yet: the run stops, the job becomes
-    `paused` and holds no worker until a person answers.
+class Suspend(BaseException):
+    """Stop the run without finishing the job: the one suspension protocol.
+
+    The job moves to `status` (`paused` for a person, `waiting` for an outside event) and holds
+    no worker; `apply(job)` writes the feature's own rows (its question, its wait) in the very
+    transaction that moves the job, and returns True when what the job waits for already came
+    (the job is then runnable again at once). `message` goes into the job's `status` event.
+    The feature apps raise subclasses of it from their `ctx` methods (`jobs.extensions`).
 
     A BaseException so that a handler's `except Exception` cannot swallow it by accident.
     """
 
-    def __init__(self, question: dict[str, Any]) -> None:
-        super().__init__(f"waiting for an answer to {question['key']!r}")
+    status: str = ""
+
+    def __init__(self, reason: str, *, apply: Callable[[Job], bool | None], message: dict[str, Any] | None = None,
+                 status: str | None = None) -> None:
+        super().__init__(reason)
+        self.apply = apply
+        self.message = message
+        if status is not None:
+            self.status = status
+        if self.status not in (Job.Status.PAUSED, Job.Status.WAITING):
+            raise ValueError(f"a run suspends into paused or waiting, not {self.status!r}")
+
+
+class PauseForResolution(Suspend):
+    """Raised by `ctx.ask` when its question has no answer yet: the run stops, the job becomes
+    `paused` and holds no worker until a person answers. `question` is what is asked."""
+
+    status = Job.Status.PAUSED
+
+    def __init__(self, question: dict[str, Any], *, apply: Callable[[Job], bool | None]) -> None:
+        super().__init__(f"waiting for an answer to {question['key']!r}", apply=apply,
+                         message={"question": question["key"]})
         self.question = question
 
 
-class ParkForWait(BaseException):
+class ParkForWait(Suspend):
     """Raised by `ctx.wait_for` when the job must wait for outside work (accepted, throttled, or
     still pending): the run stops, the job becomes `waiting` and holds no worker until a callback,
-    a backup check or a person wakes it.
+    a backup check or a person wakes it."""
 
-    `apply()` writes the wait's row in the transaction that parks the job and returns True when
-    the wait is already due (its callback came while the run was still going).
-    """
+    status = Job.Status.WAITING
 
-    def __init__(self, *, key: str, apply: Callable[[], bool], message: dict[str, Any]) -> None:
-        super().__init__(f"waiting on {key!r}")
+    def __init__(self, *, key: str, apply: Callable[[Job], bool | None], message: dict[str, Any]) -> None:
+        super().__init__(f"waiting on {key!r}", apply=apply, message=message)
         self.key = key
-        self.apply = apply
-        self.message = message
 
 
 class HandBack(BaseException):
@@ -85,15 +101,13 @@ class JobFailure(Exception):
         self.record = record
 
 
-def question_digest(*, prompt: str, schema: dict, details: Any) -> str:
-    """The digest of what a reviewer is shown: a re-run must ask exactly the same question."""
-    canonical = json.dumps({"prompt": prompt, "schema": schema, "details": details}, sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 class JobContext:
     """The handle a job's handler gets. Every write is fenced to this run: once the job is
-    cancelled (or handed to another run) the next call raises `RunLost` and the run stops."""
+    cancelled (or handed to another run) the next call raises `RunLost` and the run stops.
+
+    Besides the methods below, the feature apps add their own (`jobs.extensions.context_method`):
+    `ctx.ask` and `ctx.question` (`approvals.runtime`), `ctx.wait_for` (`waits.runtime`).
+    """
 
     # At most one progress row per this many seconds per run; later reports in between are
     # coalesced (the latest wins) so a tight loop cannot flood the database.
@@ -176,98 +190,6 @@ class JobContext:
         self._hand_back_if_asked()
         logger.log(logging.getLevelNamesMapping().get(level.upper(), logging.INFO), "job %s: %s", self.job_id, text)
         self._event("log", status=level, message={"text": str(text)})
-
-    # -- questions ---------------------------------------------------------------------------
-    def ask(
-        self,
-        key: str,
-        prompt: str,
-        *,
-        schema: dict | None = None,
-        details: Any = None,
-        assignees: str | list[str] | None = None,
-        required_approvals: int = 1,
-        timeout: float | timedelta | None = None,
-        on_timeout: Any = None,
-    ) -> Any:
-        """Ask a person; return their answer once there is one.
-
-        The first time, this raises `PauseForResolution`: the job is `paused` with the question
-        open, and the worker moves on. When the answer (validated against `schema`) arrives,
-        the job runs again from the top and this call returns the answer. `key` names the
-        question within the job and must be stable across runs. If a re-run asks the same key
-        with another prompt, schema or details, the job fails with `question_changed` rather
-        than reuse an answer given to something else.
-
-        `schema` is a JSON Schema, usually from `approvals.schemas` (`approval()`, `choice(...)`,
-        `multiple_choice(...)`, `text(...)`, `form(...)`); default: approve/reject with an
-        optional reason. `assignees` are usernames and `"group:name"`s (default: the group
-        `reviewers`); `required_approvals` distinct reviewers must approve an approval question
-        (any rejection decides at once). After `timeout` (seconds or a timedelta) beat applies
-        `on_timeout` (`approvals.policies`: `Default(answer)`, `Fail()` (the default),
-        `Cancel()`, `Escalate(to=..., timeout=...)`). A mistake in these fails the job with
-        `invalid_question` or `unknown_assignee`. A question that was cancelled or expired is
-        asked again when a person retries the job.
-        """
-        from approvals.models import Question
-        from approvals.schemas import APPROVAL_SCHEMA
-        from approvals.services import question_spec_build
-
-        schema = schema if schema is not None else APPROVAL_SCHEMA
-        details = details if details is not None else {}
-        digest = question_digest(prompt=prompt, schema=schema, details=details)
-        question = Question.objects.filter(job_id=self.job_id, key=key).first()
-        if question is not None and question.digest != digest:
-            raise JobFailure(
-                "question_changed",
-                f"question {key!r} was asked again with a different prompt, schema or details; "
-                "the stored answer was given to the old question and is not reused",
-            )
-        if question is not None and question.status == Question.Status.ANSWERED:
-            return question.answer
-        if question is not None and question.status == Question.Status.OPEN:
-            raise PauseForResolution(
-                {"key": key, "prompt": prompt, "schema": schema, "details": details, "digest": digest}
-            )
-        # New, or cancelled/expired and asked again after a retry: check what the author passed.
-        raise PauseForResolution(
-            question_spec_build(
-                key=key, prompt=prompt, schema=schema, details=details, digest=digest, assignees=assignees,
-                required_approvals=required_approvals, timeout=timeout, on_timeout=on_timeout,
-            )
-        )
-
-    def question(self, key: str) -> Question | None:
-        """The stored question `key` of this job (who answered it and when), or None."""
-        from approvals.models import Question
-
-        return Question.objects.select_related("answered_by").filter(job_id=self.job_id, key=key).first()
-
-    # -- external work ---------------------------------------------------------------------------
-    def wait_for(self, key: str, *, submit: Callable[[str, str | None], Any], check: Callable[[str], Any],
-                 policy: Any = None, service: str = "") -> Any:
-        """Hand work to an outside service and return its result, without holding a worker.
-
-        `submit(token, callback_url)` hands the work out and returns the service's id for it;
-        `check(external_id)` returns a `waits.policy.CheckResult` (pending, succeeded(result),
-        failed(reason)). Either may raise `waits.policy.Throttled(retry_after)` (a 429) or
-        `TransportError` (a timeout, a reset, a body that does not parse). The `token` is minted
-        once and is the same for every retry of the submit: pass it on as the idempotency key.
-        `callback_url` (None in polling mode) is `PUBLIC_URL/api/wake/{token}/`: the service
-        POSTs to it when done.
-
-        After the service accepts, the job is `waiting` and the worker moves on. The callback,
-        a backup check at one of the `policy`'s marks (default 60, 180 and 300 s after
-        acceptance), or a person in the admin resumes the job; the handler runs again from the
-        top and this call checks once: it returns the result, fails the job (`external_failed`,
-        `deadline_exceeded` when still pending at the last mark, `throttled`,
-        `gateway_unavailable`, `wait_backstop`) or parks again. `key` names the wait within the
-        job and must be stable across runs. See `waits.policy.WaitPolicy` for the knobs.
-        """
-        from waits.runtime import wait_for
-
-        self.flush()
-        return wait_for(self, key, submit=submit, check=check, policy=policy, service=service)
 
     # -- internals ---------------------------------------------------------------------------
     def _hand_back_if_asked(self) -> None:

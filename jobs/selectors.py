@@ -6,23 +6,25 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Q, QuerySet
 
 from jobs.errors import JobNotFound
+from jobs.extensions import visibility_rules
 from jobs.models import Job, JobEvent
 
 
 def jobs_visible_to(user: Any) -> QuerySet[Job]:
-    """Jobs `user` may see: those they created, all for staff, and those with a question they
-    may answer."""
-    from approvals.selectors import questions_answerable_by
-
+    """Jobs `user` may see: those they created, all for staff, and those the feature apps'
+    visibility rules add (`jobs.extensions.visibility_rule`: a reviewer sees the jobs with a
+    question they may answer)."""
     if user is None or not user.is_authenticated or not user.is_active:
         return Job.objects.none()
     if user.is_staff:
         return Job.objects.all()
-    answerable = questions_answerable_by(user).filter(job_id=OuterRef("pk"))
-    return Job.objects.filter(Q(owner=user) | Exists(answerable))
+    condition = Q(owner=user)
+    for rule in visibility_rules():
+        condition |= rule(user)
+    return Job.objects.filter(condition)
 
 
 def job_get_visible(*, user: Any, job_id: Any) -> Job:

@@ -10,6 +10,4 @@ urlpatterns: list = [
     path("jobs/", pages.job_list_page, name="job-list"),
     path("jobs/<uuid:job_id>/", pages.job_detail_page, name="job-detail"),
     path("jobs/<uuid:job_id>/panel/", pages.job_panel, name="job-panel"),
-    path("jobs/<uuid:job_id>/questions/<uuid:question_id>/answer/", pages.question_answer_view,
-         name="question-answer"),
 ]

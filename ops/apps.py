@@ -16,3 +16,8 @@ class OpsConfig(AppConfig):
         from ops.middleware import job_log_context_end
 
         request_finished.connect(job_log_context_end, dispatch_uid="ops.job_log_context_end")
+
+        from jobs.extensions import job_admin_link
+        from ops.flower import job_flower_links
+
+        job_admin_link("ops.flower")(job_flower_links)

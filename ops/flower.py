@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from django.conf import settings
+from django.utils.html import format_html
 
 
 def flower_tasks_url(*, kind: str, job_id: Any = None) -> str:
@@ -31,3 +32,14 @@ def flower_tasks_url(*, kind: str, job_id: Any = None) -> str:
 def flower_task_url(task_id: str) -> str:
     """Flower's page of one Celery task."""
     return f"{settings.FLOWER_URL}/task/{quote(task_id)}"
+
+
+def job_flower_links(job: Any) -> str:
+    """The job's Celery tasks (one per run) and all tasks of its kind, in Flower: on the job's admin
+    page (registered with `jobs.extensions.job_admin_link`)."""
+    task_id = getattr(job, "task_id", "")  # the Celery task of its latest run, when recorded
+    latest = format_html(' · <a href="{}">its latest run</a>', flower_task_url(task_id)) if task_id else ""
+    return format_html(
+        'in Flower: <a href="{}">this job\'s tasks</a>{} · <a href="{}">all {} tasks</a>',
+        flower_tasks_url(kind=job.kind, job_id=job.pk), latest, flower_tasks_url(kind=job.kind), job.kind,
+    )

@@ -189,9 +189,7 @@ def wake_latencies(*, since: datetime, limit: int = WAKE_ROWS_LIMIT) -> list[tup
 def queue_names(workers: Iterable[WorkerSeen] = ()) -> list[str]:
     """The default queue, the platform queue, every queue a registered kind asks for, and every
     queue a worker said it consumes."""
-    from taskplatform.celery import PLATFORM_QUEUE
-
-    names = {settings.CELERY_TASK_DEFAULT_QUEUE, PLATFORM_QUEUE}
+    names = {settings.CELERY_TASK_DEFAULT_QUEUE, settings.JOBS_PLATFORM_QUEUE}
     names |= {kind.queue for kind in kinds_all() if kind.queue}
     for worker in workers:
         names |= set(worker.queues)

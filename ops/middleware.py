@@ -4,7 +4,7 @@
 `/api/jobs/{id}/...`, its admin page `/admin/jobs/job/{id}/...`), looks up the kind (one
 primary-key query of one column, remembered: a job's kind never changes, and clients poll the same
 job again and again), and makes them the log context of the request
-(`taskplatform.logging`). The context is cleared when the response is closed
+(`ops.logging`). The context is cleared when the response is closed
 (`request_finished`), not when the middleware returns: Django logs a 4xx or 5xx response
 ("Conflict: /api/jobs/.../cancel/") after the middleware chain, and that line is about the job
 too. Works for sync and async views alike (the event stream is async).
@@ -21,7 +21,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
 
 from jobs.models import Job
-from taskplatform.logging import job_log_context_reset, job_log_context_set
+from ops.logging import job_log_context_reset, job_log_context_set
 
 JOB_PATH = re.compile(r"^/(?:api/jobs|jobs|admin/jobs/job)/(?P<job_id>[0-9a-fA-F-]{32,36})(?:/|$)")
 # Kinds of the jobs seen lately, per process; emptied when full (a bound, not an LRU: cheap).

@@ -19,8 +19,8 @@ from typing import Any
 from celery import signals
 from django.conf import settings
 
+from ops.logging import job_log_context_reset, job_log_context_set
 from ops.workers import worker_forget, worker_heartbeat, worker_job_taken
-from taskplatform.logging import job_log_context_reset, job_log_context_set
 
 JOB_TASK = "jobs.run"
 

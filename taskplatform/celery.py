@@ -23,23 +23,19 @@ def _close_old_connections(**kwargs) -> None:
     close_old_connections()
 
 
-# Beat's housekeeping (the reconciler, due waits, deadlines, webhook retries) has a queue of its
-# own, served by a small worker of its own (`platform-worker` under `make run` and in compose):
-# with every job slot busy with long jobs, a dead worker's jobs are still taken back, waits still
-# wake and deadlines still fire.
-PLATFORM_QUEUE = "platform"
-
-
 @functools.cache
-def _beat_tasks() -> frozenset[str]:
-    """The names of the tasks beat sends (read once: the router runs for every message)."""
+def _beat_routes() -> tuple[frozenset[str], dict[str, str]]:
+    """The names of the tasks beat sends, and the route to beat's own queue
+    (settings.JOBS_PLATFORM_QUEUE): read once, as the router runs for every message."""
     from django.conf import settings
 
-    return frozenset(entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values())
+    return (frozenset(entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()),
+            {"queue": settings.JOBS_PLATFORM_QUEUE})
 
 
 def _route(name, args, kwargs, options, task=None, **kw):
-    return {"queue": PLATFORM_QUEUE} if name in _beat_tasks() else None
+    beat_tasks, platform = _beat_routes()
+    return platform if name in beat_tasks else None
 
 
 app.conf.task_routes = (_route,)
@@ -53,7 +49,10 @@ def _serve_every_queue_by_default(sender=None, conf=None, **kwargs) -> None:
     from kombu import Exchange, Queue
 
     django.setup()
+    from django.conf import settings
+
     from jobs.registry import kinds_all
 
-    names = dict.fromkeys([conf.task_default_queue, PLATFORM_QUEUE, *sorted({k.queue for k in kinds_all() if k.queue})])
+    queues = sorted({k.queue for k in kinds_all() if k.queue})
+    names = dict.fromkeys([conf.task_default_queue, settings.JOBS_PLATFORM_QUEUE, *queues])
     conf.task_queues = [Queue(name, Exchange(name), routing_key=name) for name in names]

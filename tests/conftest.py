@@ -19,7 +19,7 @@ REVIEWER_PERMISSIONS = [
 def pytest_configure(config):
     # `make test` without REDIS_URL uses the embedded server, as `make run` does.
     if not os.environ.get("REDIS_URL"):
-        from taskplatform import embedded_redis
+        from devtools import embedded_redis
 
         embedded_redis.start()
 

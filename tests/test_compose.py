@@ -113,7 +113,7 @@ def test_dockerfile_builds_the_production_image():
 
 def test_env_example_lists_every_setting():
     read = set()
-    for path in [*(BASE_DIR / "taskplatform" / "settings").glob("*.py"), BASE_DIR / "taskplatform" / "supervisor.py"]:
+    for path in [*(BASE_DIR / "taskplatform" / "settings").glob("*.py"), BASE_DIR / "devtools" / "supervisor.py"]:
         text = path.read_text()
         read |= set(re.findall(r"\benv\.(?:str|int|bool|list|float|db|json|url)\(\s*[\"'](\w+)[\"']", text))
         read |= set(re.findall(r"\benv(?:\.get)?\(\s*[\"'](\w+)[\"']", text))

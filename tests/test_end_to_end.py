@@ -99,7 +99,7 @@ def test_a_lost_dispatch_is_sent_again_by_the_reconciler(worker):
     from jobs.tasks import jobs_reconcile
 
     # A crash between the commit and the publish: the row exists, the message never left.
-    with mock.patch("jobs.services.job_dispatch") as lost:
+    with mock.patch("jobs.services.transitions.job_dispatch") as lost:
         job, _ = job_submit(kind="demo.noop", input={})
     assert lost.called
     Job.objects.filter(pk=job.pk).update(updated_at=timezone.now() - timedelta(minutes=10))

@@ -72,7 +72,7 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
         BEAT_SCHEDULE_FILE=str(tmp_path / "celerybeat-schedule"),
     )
     env.pop("FLOWER_BASIC_AUTH", None)  # the `make run` default: admin:admin
-    supervisor = ManagedProcess("supervisor", [sys.executable, "-m", "taskplatform.supervisor"], env)
+    supervisor = ManagedProcess("supervisor", [sys.executable, "-m", "devtools.supervisor"], env)
     supervisor.start()
     assert supervisor.proc is not None
     sup = psutil.Process(supervisor.proc.pid)

@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from taskplatform.admin_actions import admin_apply_each
+from jobs.admin_actions import admin_apply_each
 from waits.models import Wait
 from waits.services import wait_cancel, wait_check_now
 

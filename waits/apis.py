@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from taskplatform.api.errors import ErrorSerializer
+from jobs.api_errors import ErrorSerializer
 from waits.services import wake_token_redeem
 
 

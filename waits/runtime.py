@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from django.utils import timezone
 
 from jobs.runtime import JobFailure, ParkForWait
-from taskplatform.timestamps import iso_utc
+from jobs.timestamps import iso_utc
 from waits.models import Wait
 from waits.policy import CheckResult, Throttled, TransportError, WaitPolicy
 from waits.services import (
@@ -35,6 +35,7 @@ from waits.services import (
 )
 
 if TYPE_CHECKING:
+    from jobs.models import Job
     from jobs.runtime import JobContext
 
 Submit = Callable[[str, "str | None"], Any]
@@ -43,7 +44,26 @@ Check = Callable[[str], CheckResult]
 
 def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy: WaitPolicy | None = None,
              service: str = "") -> Any:
-    """See `jobs.runtime.JobContext.wait_for`."""
+    """`ctx.wait_for`: hand work to an outside service and return its result, without holding a
+    worker.
+
+    `submit(token, callback_url)` hands the work out and returns the service's id for it;
+    `check(external_id)` returns a `waits.policy.CheckResult` (pending, succeeded(result),
+    failed(reason)). Either may raise `waits.policy.Throttled(retry_after)` (a 429) or
+    `TransportError` (a timeout, a reset, a body that does not parse). The `token` is minted
+    once and is the same for every retry of the submit: pass it on as the idempotency key.
+    `callback_url` (None in polling mode) is `PUBLIC_URL/api/wake/{token}/`: the service
+    POSTs to it when done.
+
+    After the service accepts, the job is `waiting` and the worker moves on. The callback,
+    a backup check at one of the `policy`'s marks (default 60, 180 and 300 s after
+    acceptance), or a person in the admin resumes the job; the handler runs again from the
+    top and this call checks once: it returns the result, fails the job (`external_failed`,
+    `deadline_exceeded` when still pending at the last mark, `throttled`,
+    `gateway_unavailable`, `wait_backstop`) or parks again. `key` names the wait within the
+    job and must be stable across runs. See `waits.policy.WaitPolicy` for the knobs.
+    """
+    ctx.flush()  # a held progress report goes first
     policy = policy or WaitPolicy()
     wait = wait_open(job_id=ctx.job_id, key=key, service=service, policy=policy)
     if wait.state == Wait.State.SUCCEEDED:
@@ -155,8 +175,12 @@ def _park(ctx: JobContext, wait: Wait, fields: dict[str, Any], reason: str, deta
         "next_check_at": iso_utc(next_due),
         "deadline_at": iso_utc(deadline), **detail,
     })
-    apply = partial(wait_park_apply, wait=wait, fields=fields, events=[*(events or []), parked],
-                    run_attempt=ctx.attempt)
+    record = partial(wait_park_apply, wait=wait, fields=fields, events=[*(events or []), parked],
+                     run_attempt=ctx.attempt)
+
+    def apply(job: Job) -> bool:  # in the transaction that parks the job (jobs.services.job_suspend)
+        return record()
+
     raise ParkForWait(key=wait.key, apply=apply, message={"wait": wait.key, "reason": reason})
 
 

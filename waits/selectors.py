@@ -1,19 +1,13 @@
-"""Reads of waits: by token hash, a job's waits, the due ones."""
+"""Reads of waits: the due ones."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.models import Job
 from waits.models import Wait
-
-
-def waits_of_job(*, job_id: Any) -> QuerySet[Wait]:
-    """The job's waits, newest first."""
-    return Wait.objects.filter(job_id=job_id).order_by("-created_at")
 
 
 def waits_due(*, limit: int = 500) -> list[tuple[int, Any, str]]:

@@ -1,6 +1,7 @@
 """Every write to a wait goes through here: open, run bookkeeping, park, finish, wake, look now,
 cancel. The job's own moves (`processing → waiting`, `waiting → pending`) stay in
 `jobs.services`; these functions call them in the same transaction as the wait row's update.
+A cancelled job's waits close through a transition hook (`waits.extensions`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from django.utils import timezone
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
-from jobs.services import job_cancel, job_resume
+from jobs.services import job_cancel, job_wake
 from waits.errors import WaitNotActive, WakeTokenInvalid
 from waits.models import Wait
 from waits.policy import WaitPolicy
@@ -106,7 +107,7 @@ def wait_update(*, wait: Wait, fields: dict[str, Any], events: list[Event], run_
 
 
 def wait_park_apply(*, wait: Wait, fields: dict[str, Any], events: list[Event], run_attempt: int) -> bool:
-    """Record the wait's next due time as the job parks (called by `jobs.services.job_park`, in
+    """Record the wait's next due time as the job parks (called by `jobs.services.job_suspend`, in
     its transaction). Returns True when a wake arrived while the run was still going: the wait is
     then due now and the job is resumed at once, so no callback is ever lost to that race."""
     with transaction.atomic():
@@ -134,7 +135,7 @@ def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None) -> None
     Wait.objects.filter(pk=wait.pk).update(woken_at=now, next_due_at=now, updated_at=now)
     event_append(job_id=wait.job_id, type="wait", step=wait.key, status="woken", message={"by": by, **(message or {})})
     try:
-        job_resume(job_id=wait.job_id, reason={"wait": wait.key, "by": by})
+        job_wake(job_id=wait.job_id, reason={"wait": wait.key, "by": by})
     except InvalidTransition:
         # The run has not parked yet (the service called back at once), or a look is already
         # on its way: the run finds `woken_at` when it parks and resumes at once.
@@ -175,7 +176,7 @@ def waits_resume_due(*, limit: int = 500) -> int:
         try:
             with transaction.atomic():
                 event_append(job_id=job_id, type="wait", step=key, status="woken", message={"by": "schedule"})
-                job_resume(job_id=job_id, reason={"wait": key, "by": "schedule"})
+                job_wake(job_id=job_id, reason={"wait": key, "by": "schedule"})
         except InvalidTransition:
             continue  # it moved meanwhile (cancelled, or a callback resumed it)
         resumed += 1

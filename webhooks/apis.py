@@ -11,8 +11,8 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from jobs.api_errors import RETRY_AFTER, error_responses
 from jobs.errors import PlatformError
-from taskplatform.api.errors import RETRY_AFTER, error_responses
 from webhooks.models import Webhook
 from webhooks.serializers import (
     WebhookCreatedSerializer,

@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import json
 import logging
-import random
 import secrets
 import time
 from collections.abc import Iterable
@@ -27,9 +26,10 @@ from django.db.models import F
 from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
+from jobs.backoff import backoff_with_jitter
 from jobs.errors import InvalidInput
 from jobs.models import Job
-from taskplatform.timestamps import iso_utc
+from jobs.timestamps import iso_utc
 from webhooks.models import Webhook, WebhookDelivery
 from webhooks.targets import (
     WebhookTargetRefused,
@@ -133,16 +133,15 @@ def webhook_system_get(*, url: str, events: Iterable[str]) -> Webhook | None:
 
 
 def _send_tasks(ids: list[str]) -> None:
-    from webhooks.tasks import webhook_deliver_task
+    from webhooks.tasks import webhook_delivery_attempt
 
     for delivery_id in ids:
-        webhook_deliver_task.delay(delivery_id)
+        webhook_delivery_attempt.delay(delivery_id)
 
 
 def delivery_retry_delay(attempt: int) -> float:
     """Seconds before attempt `attempt + 1`: exponential from WEBHOOK_RETRY_BASE, capped, with jitter."""
-    ceiling = min(settings.WEBHOOK_RETRY_MAX, settings.WEBHOOK_RETRY_BASE * 2 ** max(attempt - 1, 0))
-    return ceiling / 2 + random.uniform(0, ceiling / 2)
+    return backoff_with_jitter(attempt, base=settings.WEBHOOK_RETRY_BASE, cap=settings.WEBHOOK_RETRY_MAX)
 
 
 def webhook_deliver(*, delivery_id: Any) -> str:
@@ -217,7 +216,7 @@ def _record(delivery: WebhookDelivery, *, status_code: int | None, error: str, f
 def webhook_deliveries_send_due(*, limit: int = 500) -> int:
     """Send a task for each pending delivery that is due (a retry, or a first attempt whose task
     was lost). Run by beat; returns how many were sent."""
-    from webhooks.tasks import webhook_deliver_task
+    from webhooks.tasks import webhook_delivery_attempt
 
     due = list(
         WebhookDelivery.objects.filter(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=timezone.now())
@@ -225,7 +224,7 @@ def webhook_deliveries_send_due(*, limit: int = 500) -> int:
         .values_list("pk", flat=True)[:limit]
     )
     for delivery_id in due:
-        webhook_deliver_task.delay(str(delivery_id))
+        webhook_delivery_attempt.delay(str(delivery_id))
     return len(due)
 
 

@@ -6,12 +6,12 @@ from webhooks.services import webhook_deliver, webhook_deliveries_send_due
 
 
 @shared_task(name="webhooks.deliver", ignore_result=True)
-def webhook_deliver_task(delivery_id: str) -> str:
+def webhook_delivery_attempt(delivery_id: str) -> str:
     """One attempt at a delivery; a duplicate message finds it claimed and does nothing."""
     return webhook_deliver(delivery_id=delivery_id)
 
 
 @shared_task(name="webhooks.send_due", ignore_result=True)
-def webhook_send_due_task() -> int:
+def webhooks_retry_due() -> int:
     """Run by beat: send the deliveries whose retry is due."""
     return webhook_deliveries_send_due()

@@ -26,7 +26,7 @@ from approvals.admin.filters import AssigneeFilter, DeadlineFilter, InboxFilter
 from approvals.forms import answer_form_for
 from approvals.models import Decision, Question
 from approvals.policies import policy_describe
-from approvals.rendering import details_html
+from approvals.rendering import answered_message, details_html
 from approvals.schemas import QuestionType, schema_summary
 from approvals.selectors import ANSWER_PERMISSION, question_decisions
 from approvals.services import NotAllowedToAnswer, question_answer, question_check_can_answer, question_link
@@ -38,13 +38,6 @@ class QuestionActionForm(ActionForm):
     """The action bar, with the reason that bulk reject records (and bulk approve, if given)."""
 
     reason = forms.CharField(required=False, label="Reason", widget=forms.TextInput(attrs={"size": 30}))
-
-
-def _answered_message(question: Question) -> str:
-    if question.status == Question.Status.OPEN:  # a vote towards a quorum
-        return (f"Your approval is recorded ({question.approvals_so_far()} of {question.required_approvals}); "
-                "the question waits for another reviewer.")
-    return f"Answer recorded; job {str(question.job_id)[:8]} resumes."
 
 
 @admin.register(Question)
@@ -215,7 +208,7 @@ class QuestionAdmin(admin.ModelAdmin):
         except PlatformError as exc:
             self.message_user(request, f"The answer was not recorded: {exc.message}", messages.ERROR)
             return HttpResponseRedirect(back)
-        self.message_user(request, _answered_message(question), messages.SUCCESS)
+        self.message_user(request, answered_message(question), messages.SUCCESS)
         return HttpResponseRedirect(reverse("admin:approvals_question_changelist"))
 
     # -- bulk actions --------------------------------------------------------------------------

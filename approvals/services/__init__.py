@@ -8,6 +8,14 @@ page and beat call the same functions.
 - `notifications`: e-mails and webhooks when a question opens or is escalated
 """
 
+from approvals.errors import (
+    AlreadyAnswered,
+    AlreadyVoted,
+    InvalidAnswer,
+    NotAllowedToAnswer,
+    QuestionClosed,
+    QuestionNotFound,
+)
 from approvals.services.answering import (
     answer_validate,
     question_answer,
@@ -22,14 +30,6 @@ from approvals.services.asking import (
     questions_cancel_for_job,
 )
 from approvals.services.deadlines import question_expire, questions_expire_due
-from approvals.services.errors import (
-    AlreadyAnswered,
-    AlreadyVoted,
-    InvalidAnswer,
-    NotAllowedToAnswer,
-    QuestionClosed,
-    QuestionNotFound,
-)
 from approvals.services.ledger import decision_record, request_client_address
 from approvals.services.notifications import question_announce, question_link, question_notify
 

@@ -11,10 +11,7 @@ from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from approvals.models import Decision, Question
-from approvals.schemas import QuestionType
-from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
-from approvals.services.errors import (
+from approvals.errors import (
     AlreadyAnswered,
     AlreadyVoted,
     InvalidAnswer,
@@ -22,6 +19,9 @@ from approvals.services.errors import (
     QuestionClosed,
     QuestionNotFound,
 )
+from approvals.models import Decision, Question
+from approvals.schemas import QuestionType
+from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
 from approvals.services.ledger import decision_record
 from jobs.events import event_append
 from jobs.services import job_resume

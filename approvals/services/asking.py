@@ -21,7 +21,7 @@ from approvals.services.ledger import decision_record
 from jobs.events import event_append
 from jobs.models import Job
 from jobs.runtime import JobFailure
-from taskplatform.timestamps import iso_utc
+from jobs.timestamps import iso_utc
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from approvals.services.notifications import question_announce
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
-from jobs.services import job_cancel, job_transition
-from taskplatform.timestamps import iso_utc
+from jobs.services import job_cancel, job_fail_suspended
+from jobs.timestamps import iso_utc
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +90,8 @@ def _close_and_stop_job(question: Question, action: str) -> None:
         if action == "cancel":
             job_cancel(job_id=job.pk, channel=Decision.Channel.SYSTEM)
         else:
-            error = {"code": "question_expired",
-                     "message": f"nobody answered question {question.key!r} before its deadline"}
-            job_transition(job_id=job.pk, to=Job.Status.FAILED, from_=[Job.Status.PAUSED], fields={"error": error},
-                           message={"error": error})
+            job_fail_suspended(job_id=job.pk, code="question_expired", from_=[Job.Status.PAUSED],
+                               message=f"nobody answered question {question.key!r} before its deadline")
             questions_cancel_for_job(job=job, channel=Decision.Channel.SYSTEM)
     except InvalidTransition as exc:
         # A question stays open only while its job waits for it; a job already finished keeps

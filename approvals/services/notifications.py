@@ -23,7 +23,7 @@ from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
 from jobs.errors import UnknownKind
 from jobs.models import Job
 from jobs.registry import kind_get
-from taskplatform.timestamps import iso_utc
+from jobs.timestamps import iso_utc
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +73,9 @@ def question_announce(*, question: Question, job: Job, action: str) -> None:
 
 
 def _notify_later(question_id: str, action: str) -> None:
-    from approvals.tasks import question_notify_task
+    from approvals.tasks import question_notification_send
 
-    question_notify_task.delay(question_id, action)
+    question_notification_send.delay(question_id, action)
 
 
 def question_recipients(question: Question) -> list[Any]:

@@ -3,7 +3,7 @@
 Everything comes from the environment (django-environ); `.env.example` lists each variable.
 Without `DATABASE_URL` the platform uses a SQLite file under `var/`; without `REDIS_URL` it
 uses the embedded Redis server that `make run` and `make test` start (see
-`taskplatform.embedded_redis`). The test and production modules only override.
+`devtools.embedded_redis`). The test and production modules only override.
 """
 
 from pathlib import Path
@@ -233,6 +233,11 @@ CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=None)
 # Long-lived prefork children leak memory in real job code; recycle them now and then.
 CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("WORKER_MAX_TASKS_PER_CHILD", default=1000)
 CELERY_TASK_DEFAULT_QUEUE = "jobs"
+# Beat's housekeeping (the reconciler, due waits, deadlines, webhook retries) has a queue of its
+# own, served by a small worker of its own (`platform-worker` under `make run` and in compose):
+# with every job slot busy with long jobs, a dead worker's jobs are still taken back, waits still
+# wake and deadlines still fire (see taskplatform/celery.py).
+JOBS_PLATFORM_QUEUE = "platform"
 # Celery's Django fix-up closes the database connection before and after every task unless
 # this is set: a new PostgreSQL connection per job cost more than the job itself. Connections
 # are still recycled after this many tasks, and Django's own checks (CONN_MAX_AGE, health
@@ -272,7 +277,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     # Every error, the platform's and DRF's own, as {"code", "detail", "field"?}.
-    "EXCEPTION_HANDLER": "taskplatform.api.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "jobs.api_errors.api_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "taskplatform.api.pagination.ApiPagination",
     "PAGE_SIZE": 50,
     # Per-token limits, counted in Redis (the cache below) so they hold across web processes.
@@ -359,9 +364,10 @@ WAITS_HTTP_TIMEOUT = env.float("WAITS_HTTP_TIMEOUT", default=10.0)
 # Due times live in the database; no long ETA messages (see the Redis visibility timeout above).
 WAITS_DUE_INTERVAL = env.float("WAITS_DUE_INTERVAL", default=1.0)
 CELERY_BEAT_SCHEDULE["waits-due"] = {"task": "waits.due", "schedule": WAITS_DUE_INTERVAL}
-# The simulated generation service's sweep for callbacks whose countdown task was lost.
-CELERY_BEAT_SCHEDULE["waits-simulator-callbacks"] = {
-    "task": "waits.simulator_callbacks",
+# The simulated generation service (`demo`, development and tests only): its sweep for callbacks
+# whose countdown task was lost. The production settings drop it together with the app.
+CELERY_BEAT_SCHEDULE["demo-simulator-callbacks"] = {
+    "task": "demo.simulator_callbacks",
     "schedule": WAITS_DUE_INTERVAL,
 }
 
@@ -387,7 +393,7 @@ CACHES = {
 # --- Logging ----------------------------------------------------------------------------------
 # One configuration for every process: Celery's worker and beat apply it too instead of their own
 # (ops.signals), so a worker's lines look like the web server's. Lines a job causes carry its id
-# and kind (taskplatform/logging.py): `[demo.sleep 8c1e…]` in the readable format, `job_id` and
+# and kind (ops/logging.py): `[demo.sleep 8c1e…]` in the readable format, `job_id` and
 # `job_kind` fields in JSON. `readable` here (make run), `json` (one object a line) under the
 # production settings.
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
@@ -395,10 +401,10 @@ LOG_FORMAT = env.str("LOG_FORMAT", default="readable")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"job": {"()": "taskplatform.logging.JobContextFilter"}},
+    "filters": {"job": {"()": "ops.logging.JobContextFilter"}},
     "formatters": {
         "readable": {
-            "()": "taskplatform.logging.ReadableFormatter",
+            "()": "ops.logging.ReadableFormatter",
             "format": "%(asctime)s %(levelname)-7s %(name)s%(job)s: %(message)s",
         },
         "json": {

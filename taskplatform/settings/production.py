@@ -10,6 +10,13 @@ SESSION_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=True)  # noqa:
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 WHITENOISE_USE_FINDERS = False
 
+# No demo or development code in production: the example kinds and the simulated generation
+# service (an unauthenticated outside system's stand-in) are neither installed nor routed.
+INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "demo"]  # noqa: F405
+CELERY_BEAT_SCHEDULE = {  # noqa: F405
+    name: entry for name, entry in CELERY_BEAT_SCHEDULE.items() if not entry["task"].startswith("demo.")  # noqa: F405
+}
+
 # One JSON object a line (a log collector parses them; `job_id` and `job_kind` are fields). The
 # ASGI server's own loggers write through the same handler, so every line of the web process is
 # JSON too (uvicorn configures them before Django starts; this runs after and takes them over).

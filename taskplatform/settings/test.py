@@ -17,5 +17,5 @@ REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default=f"test-{_uuid.uuid4().hex
 CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": REDIS_KEY_PREFIX}  # noqa: F405
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}asgi"  # noqa: F405
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.testkinds", "tests.waitkinds"]  # noqa: F405
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testkinds", "tests.waitkinds", "tests.prodkinds"]  # noqa: F405
 CACHES["default"]["KEY_PREFIX"] = REDIS_KEY_PREFIX  # noqa: F405

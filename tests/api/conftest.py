@@ -70,5 +70,5 @@ def paused_review(submitter):
 def dispatched(monkeypatch) -> list:
     """The jobs whose Celery message was sent (recorded instead of sent)."""
     sent: list = []
-    monkeypatch.setattr("jobs.services.job_dispatch", lambda *, job, countdown=None: sent.append(job.pk))
+    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda *, job, countdown=None: sent.append(job.pk))
     return sent

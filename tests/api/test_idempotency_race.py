@@ -7,8 +7,8 @@ import threading
 import pytest
 from django.db import connection
 
-from jobs import services
 from jobs.models import Job
+from jobs.services import submitting, transitions
 from tests.api.conftest import client_for
 
 
@@ -19,7 +19,7 @@ def test_two_concurrent_identical_submissions_make_exactly_one_job(submitter, mo
     # then insert, and only the unique constraint can keep the second job out.
     both_checked = threading.Barrier(2, timeout=20)
     first_lookup = threading.local()
-    lookup = services._job_for_idempotency_key
+    lookup = submitting._job_for_idempotency_key
 
     def lookup_then_wait(**kwargs):
         found = lookup(**kwargs)
@@ -28,8 +28,8 @@ def test_two_concurrent_identical_submissions_make_exactly_one_job(submitter, mo
             both_checked.wait()
         return found
 
-    monkeypatch.setattr(services, "_job_for_idempotency_key", lookup_then_wait)
-    monkeypatch.setattr(services, "job_dispatch", lambda **kwargs: None)
+    monkeypatch.setattr(submitting, "_job_for_idempotency_key", lookup_then_wait)
+    monkeypatch.setattr(transitions, "job_dispatch", lambda **kwargs: None)
     responses: list = [None, None]
 
     def post(index: int) -> None:

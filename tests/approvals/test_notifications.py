@@ -30,7 +30,7 @@ def with_email(username: str, **kwargs):
 
 def test_opening_a_question_sends_the_email_task_after_the_commit(django_capture_on_commit_callbacks, monkeypatch):
     sent = []
-    monkeypatch.setattr("approvals.tasks.question_notify_task.delay", lambda *args: sent.append(args))
+    monkeypatch.setattr("approvals.tasks.question_notification_send.delay", lambda *args: sent.append(args))
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         _, question = paused_on({})
     assert sent == []  # nothing before the commit
@@ -61,7 +61,7 @@ def test_an_escalation_tells_the_new_assignees(django_capture_on_commit_callback
     boss.email = "boss@example.com"
     boss.save()
     sent = []
-    monkeypatch.setattr("approvals.tasks.question_notify_task.delay", lambda *args: sent.append(args))
+    monkeypatch.setattr("approvals.tasks.question_notification_send.delay", lambda *args: sent.append(args))
     _, question = paused_on({"timeout": 1, "on_timeout": {"action": "escalate", "to": "group:managers"}})
     from datetime import timedelta
 

@@ -52,7 +52,7 @@ def redis_server_binary() -> str:
     found = shutil.which("redis-server")
     if found:
         return found
-    from taskplatform.embedded_redis import redis_server_binary as embedded
+    from devtools.embedded_redis import redis_server_binary as embedded
 
     return str(embedded())
 

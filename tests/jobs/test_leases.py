@@ -106,14 +106,14 @@ def test_the_take_back_loses_to_a_renewal_that_comes_first(monkeypatch):
 
     job = claimed()
     expire(job)
-    real_transition = jobs.services.job_transition
+    real_transition = jobs.services.reconciling.job_transition
 
     def renewed_first(**kwargs):
         # The heartbeat renews between the reconciler's read and its conditional update.
         Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() + timedelta(seconds=60))
         return real_transition(**kwargs)
 
-    monkeypatch.setattr(jobs.services, "job_transition", renewed_first)
+    monkeypatch.setattr(jobs.services.reconciling, "job_transition", renewed_first)
     assert jobs_recover_expired_leases() == 0
     assert Job.objects.get(pk=job.pk).status == S.PROCESSING
 
@@ -200,7 +200,9 @@ def test_a_kind_with_a_time_limit_is_sent_with_it():
     assert "soft_time_limit" not in send.call_args.kwargs
 
 
-@pytest.mark.parametrize("options, error", [({"on_timeout": "later"}, "on_timeout"), ({"time_limit": 0}, "time_limit")])
+@pytest.mark.parametrize("options, error", [
+    ({"on_time_limit": "later"}, "on_time_limit"), ({"time_limit": 0}, "time_limit"),
+])
 def test_kind_time_limit_options_are_checked_at_import(options, error):
     with pytest.raises(ValueError, match=error):
         job_kind("test.bad_limits", **options)

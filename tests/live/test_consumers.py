@@ -30,7 +30,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def no_dispatch():
     """No worker runs here: the jobs' Celery messages are not sent."""
-    with mock.patch("jobs.services.job_dispatch"):
+    with mock.patch("jobs.services.transitions.job_dispatch"):
         yield
 
 

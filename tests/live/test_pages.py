@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def no_dispatch():
-    with mock.patch("jobs.services.job_dispatch"):
+    with mock.patch("jobs.services.transitions.job_dispatch"):
         yield
 
 
@@ -74,7 +74,7 @@ def test_a_reviewer_approves_on_the_page_through_the_service(client, reviewer, p
     page = client.get(detail_url(job)).content.decode()
     assert "The quarterly report" in page
     assert 'name="_approve"' in page and 'name="_reject"' in page and 'name="reason"' in page
-    answer_url = reverse("jobs:question-answer", args=[job.pk, question.pk])
+    answer_url = reverse("approvals:question-answer", args=[job.pk, question.pk])
     response = client.post(answer_url, {"_approve": "1", "reason": "fine", "next": detail_url(job)})
     assert response.status_code == 302 and response["Location"] == detail_url(job)
     question.refresh_from_db()
@@ -94,13 +94,14 @@ def test_the_creator_sees_the_question_but_no_form(client, submitter, paused_rev
     page = client.get(detail_url(job)).content.decode()
     assert "Approve this document?" in page and "Waiting for a reviewer" in page and "_approve" not in page
     assert "You may not answer this question: user &#x27;submitter&#x27; may not answer questions" in page
-    response = client.post(reverse("jobs:question-answer", args=[job.pk, question.pk]), {"_approve": "1"}, follow=True)
+    response = client.post(reverse("approvals:question-answer", args=[job.pk, question.pk]), {"_approve": "1"},
+                           follow=True)
     assert "may not answer questions" in response.content.decode()
     assert Question.objects.get(pk=question.pk).status == "open"
 
 
 def answer_url(job, question) -> str:
-    return reverse("jobs:question-answer", args=[job.pk, question.pk])
+    return reverse("approvals:question-answer", args=[job.pk, question.pk])
 
 
 def question_block(page: str, question) -> str:
@@ -253,7 +254,7 @@ def test_the_panel_and_an_unsafe_next_url(client, reviewer, paused_review):
     assert 'name="next" value="/jobs/' in panel and "evil" not in panel
     # The panel the script fetches on a question event carries the same typed form.
     assert 'name="_approve"' in panel and 'name="reason"' in panel and 'name="csrfmiddlewaretoken"' in panel
-    response = client.post(reverse("jobs:question-answer", args=[job.pk, question.pk]),
+    response = client.post(reverse("approvals:question-answer", args=[job.pk, question.pk]),
                            {"_approve": "1", "next": "https://evil.example/"})
     assert response["Location"] == detail_url(job)
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def no_dispatch():
-    with mock.patch("jobs.services.job_dispatch"):
+    with mock.patch("jobs.services.transitions.job_dispatch"):
         yield
 
 

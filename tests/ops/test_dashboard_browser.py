@@ -110,7 +110,7 @@ def page(monkeypatch):
 @pytest.fixture
 def this_process_runs_the_jobs(monkeypatch):
     """No Celery message for these jobs (see the module's docstring); `ops.park` registered here."""
-    monkeypatch.setattr(jobs.services, "job_dispatch", lambda **kwargs: None)
+    monkeypatch.setattr(jobs.services.transitions, "job_dispatch", lambda **kwargs: None)
 
     def park(ctx, input):
         return ctx.wait_for("render", submit=lambda token, callback_url: "render-1",

@@ -22,7 +22,7 @@ from django.conf import settings
 from jobs.models import Job
 from jobs.services import job_submit
 from jobs.tasks import job_run
-from taskplatform.logging import JobContextFilter, job_log_context, job_log_context_reset, job_log_context_set
+from ops.logging import JobContextFilter, job_log_context, job_log_context_reset, job_log_context_set
 from tests.conftest import make_user
 from tests.support.processes import BASE_DIR, celery_worker, child_env, wait_until
 
@@ -75,7 +75,7 @@ def test_the_production_settings_write_json_lines_with_the_job():
     job_id = str(uuid.uuid4())
     script = (
         "import django, logging; django.setup()\n"
-        "from taskplatform.logging import job_log_context_set\n"
+        "from ops.logging import job_log_context_set\n"
         "log = logging.getLogger('jobs.runner')\n"
         "log.info('before')\n"
         f"job_log_context_set(job_id='{job_id}', job_kind='demo.noop')\n"
@@ -115,11 +115,11 @@ def test_a_worker_under_the_production_settings_writes_json_lines_with_the_job()
     queue = f"json-{uuid.uuid4().hex[:6]}"
     process = celery_worker(
         name=queue, queues=queue, concurrency=1,
-        env={"DJANGO_SETTINGS_MODULE": "taskplatform.settings.production", "DJANGO_SECRET_KEY": "x" * 50},
+        env={"DJANGO_SETTINGS_MODULE": "tests.settings_production", "DJANGO_SECRET_KEY": "x" * 50},
     ).start()  # its ready line is JSON now: `{..., "message": "json-...@host ready."}`
     try:
-        with mock.patch("jobs.services.job_dispatch"):  # sent below, to this worker's queue only
-            job, _ = job_submit(kind="demo.noop", input={})
+        with mock.patch("jobs.services.transitions.job_dispatch"):  # sent below, to this worker's queue only
+            job, _ = job_submit(kind="prod.noop", input={})
         job_run.apply_async(args=[str(job.pk)], shadow=job.kind, queue=queue)
         wait_until(lambda: Job.objects.get(pk=job.pk).status == Job.Status.COMPLETED, timeout=30)
 
@@ -131,7 +131,7 @@ def test_a_worker_under_the_production_settings_writes_json_lines_with_the_job()
     finally:
         process.stop()
     [succeeded] = [record for record in mine() if record["logger"] == "celery.app.trace"]
-    assert succeeded["job_kind"] == "demo.noop" and succeeded["level"] == "INFO"
+    assert succeeded["job_kind"] == "prod.noop" and succeeded["level"] == "INFO"
     assert "succeeded" in succeeded["message"] and succeeded["time"]
     # Celery's own lines are JSON too (only its banner and start-up warnings are printed, not logged).
     logged = [text for text in process.lines if text.startswith("{")]

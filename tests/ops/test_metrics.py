@@ -16,7 +16,7 @@ from approvals.models import Question
 from approvals.services import question_answer
 from jobs.models import Job
 from jobs.registry import JobKind, _kinds
-from jobs.services import job_claim, job_dispatch, job_park, job_submit
+from jobs.services import job_claim, job_dispatch, job_submit, job_suspend
 from tests.conftest import make_user
 from tests.support.processes import wait_until
 from waits.models import Wait
@@ -172,7 +172,7 @@ def test_a_parked_job_and_its_wake_latency(client, token):
     job = job_claim(job_id=job.pk)
     wait = Wait.objects.create(job=job, key="generate", service="simulated generation", state=Wait.State.WAITING,
                                token_salt="salt", token_hash=uuid.uuid4().hex * 2)
-    job_park(job=job, apply=lambda: False, message={"wait": "generate"})
+    job_suspend(job=job, to="waiting", apply=lambda job: False, message={"wait": "generate"})
     samples = scrape(client)
     assert value(samples, "taskplatform_waits_active", service="simulated generation", state="waiting") == 1
     assert value(samples, "taskplatform_jobs", kind="demo.noop", status="waiting") == 1

@@ -116,7 +116,7 @@ def overrun(ctx, input):
     return {"finished": True}
 
 
-@job_kind("test.overrun_retry", input_schema=OVERRUN_INPUT, time_limit=1, on_timeout="retry", max_attempts=2)
+@job_kind("test.overrun_retry", input_schema=OVERRUN_INPUT, time_limit=1, on_time_limit="retry", max_attempts=2)
 def overrun_retry(ctx, input):
     """As test.overrun, but a run past the limit is retried (while attempts remain)."""
     return overrun(ctx, input)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from demo.simulator import generation_get
 from jobs.models import Job
 from tests.waitkinds.kinds import seen
 from tests.waits.conftest import PUBLIC_URL
 from tests.waits.helpers import finished, parked, submit, the_wait, wait_events
 from waits.models import Wait
-from waits.simulator import generation_get
 
 pytestmark = pytest.mark.worker
 

@@ -128,7 +128,7 @@ def test_an_unreachable_receiver_is_logged_and_retried(submitter, settings):
 
 def test_beat_sends_the_due_deliveries_only(submitter, hook, monkeypatch):
     sent = []
-    monkeypatch.setattr("webhooks.tasks.webhook_deliver_task.delay", sent.append)
+    monkeypatch.setattr("webhooks.tasks.webhook_delivery_attempt.delay", sent.append)
     for _ in range(2):
         job, _ = job_submit(kind="demo.noop", owner=submitter)
         job_execute(job_id=job.pk)
@@ -140,7 +140,7 @@ def test_beat_sends_the_due_deliveries_only(submitter, hook, monkeypatch):
 
 def test_deliveries_are_sent_after_the_commit(submitter, hook, monkeypatch, django_capture_on_commit_callbacks):
     sent = []
-    monkeypatch.setattr("webhooks.tasks.webhook_deliver_task.delay", sent.append)
+    monkeypatch.setattr("webhooks.tasks.webhook_delivery_attempt.delay", sent.append)
     job, _ = job_submit(kind="demo.noop", owner=submitter)
     with django_capture_on_commit_callbacks(execute=True):
         job_cancel(job_id=job.pk)

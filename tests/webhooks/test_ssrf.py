@@ -206,7 +206,7 @@ def test_a_name_that_resolves_to_loopback_is_refused_at_delivery_and_not_retried
     assert (delivery.status, delivery.attempts, delivery.response_status) == ("failed", 1, None)
     assert local_receiver.received == []  # nothing was sent to the listening loopback server
     sent = []
-    monkeypatch.setattr("webhooks.tasks.webhook_deliver_task.delay", sent.append)
+    monkeypatch.setattr("webhooks.tasks.webhook_delivery_attempt.delay", sent.append)
     assert webhook_deliveries_send_due() == 0 and sent == []  # not retried
     assert webhook_deliver(delivery_id=delivery.pk) == "skipped"
 

@@ -92,7 +92,7 @@ def generation_submit(request: HttpRequest) -> JsonResponse:
     if callback_url and not drop:
         client.zadd(_key("callbacks"), {gen_id: now + delay})
         if delay <= COUNTDOWN_MAX:
-            from waits.tasks import simulator_callback
+            from demo.tasks import simulator_callback
 
             simulator_callback.apply_async(args=[gen_id], countdown=delay)
     return JsonResponse({"id": gen_id}, status=202)

@@ -4,7 +4,7 @@
 wheel ships, listening only on a Unix socket under `var/redis/` (no TCP port to collide with),
 keeping its data there too. Production sets `REDIS_URL` and never starts it.
 
-    python -m taskplatform.embedded_redis start|stop|status
+    python -m devtools.embedded_redis start|stop|status
 """
 
 from __future__ import annotations

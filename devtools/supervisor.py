@@ -1,6 +1,6 @@
 """Run the whole platform on this machine in the foreground: what `make run` starts.
 
-    python -m taskplatform.supervisor
+    python -m devtools.supervisor
 
 It starts the embedded Redis when `REDIS_URL` is unset, migrates, creates the demo accounts
 (development settings only), then starts and watches the ASGI server, the Celery worker, the
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from taskplatform import embedded_redis
+from devtools import embedded_redis
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -258,7 +258,7 @@ def build_services(env: dict[str, str]) -> list[Service]:
             env,
         ),
         Service("worker", worker, env),
-        # Beat's housekeeping on a slot of its own (see taskplatform/celery.py PLATFORM_QUEUE).
+        # Beat's housekeeping on a slot of its own (settings.JOBS_PLATFORM_QUEUE, see taskplatform/celery.py).
         Service(
             "platform-worker",
             [celery, "-A", "taskplatform", "worker", "-l", "INFO", "-Q", "platform", "--concurrency", "1",

@@ -1,5 +1,6 @@
-"""The errors a reviewer (or an integration answering for one) can cause; mapped to HTTP once, in
-the API's exception handler, and shown as admin messages."""
+"""The errors a reviewer (or an integration answering for one) can cause: a family of
+`jobs.errors.PlatformError`, the root that every app's errors share, mapped to HTTP once (in
+`jobs.api_errors`) and shown as admin messages."""
 
 from __future__ import annotations
 

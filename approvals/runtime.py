@@ -1,0 +1,93 @@
+"""`ctx.ask` and `ctx.question`: what job code calls to ask a person, registered on the job
+context by `approvals.extensions` (the core knows nothing of questions).
+
+    answer = ctx.ask("approve", "Publish this?", schema=approval(), details={"draft": draft})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from approvals.models import Question
+from approvals.schemas import APPROVAL_SCHEMA
+from approvals.services import question_open, question_spec_build
+from jobs.runtime import JobFailure, PauseForResolution
+
+if TYPE_CHECKING:
+    from jobs.models import Job
+    from jobs.runtime import JobContext
+
+
+def question_digest(*, prompt: str, schema: dict, details: Any) -> str:
+    """The digest of what a reviewer is shown: a re-run must ask exactly the same question."""
+    canonical = json.dumps({"prompt": prompt, "schema": schema, "details": details}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _pause(spec: dict[str, Any]) -> PauseForResolution:
+    def apply(job: Job) -> None:  # in the transaction that pauses the job (jobs.services.job_suspend)
+        question_open(job=job, **spec)
+
+    return PauseForResolution(spec, apply=apply)
+
+
+def ask(
+    ctx: JobContext,
+    key: str,
+    prompt: str,
+    *,
+    schema: dict | None = None,
+    details: Any = None,
+    assignees: str | list[str] | None = None,
+    required_approvals: int = 1,
+    timeout: float | timedelta | None = None,
+    on_timeout: Any = None,
+) -> Any:
+    """Ask a person; return their answer once there is one.
+
+    The first time, this raises `PauseForResolution`: the job is `paused` with the question
+    open, and the worker moves on. When the answer (validated against `schema`) arrives,
+    the job runs again from the top and this call returns the answer. `key` names the
+    question within the job and must be stable across runs. If a re-run asks the same key
+    with another prompt, schema or details, the job fails with `question_changed` rather
+    than reuse an answer given to something else.
+
+    `schema` is a JSON Schema, usually from `approvals.schemas` (`approval()`, `choice(...)`,
+    `multiple_choice(...)`, `text(...)`, `form(...)`); default: approve/reject with an
+    optional reason. `assignees` are usernames and `"group:name"`s (default: the group
+    `reviewers`); `required_approvals` distinct reviewers must approve an approval question
+    (any rejection decides at once). After `timeout` (seconds or a timedelta) beat applies
+    `on_timeout` (`approvals.policies`: `Default(answer)`, `Fail()` (the default),
+    `Cancel()`, `Escalate(to=..., timeout=...)`). A mistake in these fails the job with
+    `invalid_question` or `unknown_assignee`. A question that was cancelled or expired is
+    asked again when a person retries the job.
+    """
+    schema = schema if schema is not None else APPROVAL_SCHEMA
+    details = details if details is not None else {}
+    digest = question_digest(prompt=prompt, schema=schema, details=details)
+    question = Question.objects.filter(job_id=ctx.job_id, key=key).first()
+    if question is not None and question.digest != digest:
+        raise JobFailure(
+            "question_changed",
+            f"question {key!r} was asked again with a different prompt, schema or details; "
+            "the stored answer was given to the old question and is not reused",
+        )
+    if question is not None and question.status == Question.Status.ANSWERED:
+        return question.answer
+    if question is not None and question.status == Question.Status.OPEN:
+        raise _pause({"key": key, "prompt": prompt, "schema": schema, "details": details, "digest": digest})
+    # New, or cancelled/expired and asked again after a retry: check what the author passed.
+    raise _pause(
+        question_spec_build(
+            key=key, prompt=prompt, schema=schema, details=details, digest=digest, assignees=assignees,
+            required_approvals=required_approvals, timeout=timeout, on_timeout=on_timeout,
+        )
+    )
+
+
+def question(ctx: JobContext, key: str) -> Question | None:
+    """The stored question `key` of this job (who answered it and when), or None."""
+    return Question.objects.select_related("answered_by").filter(job_id=ctx.job_id, key=key).first()

@@ -1,0 +1,184 @@
+"""How the feature apps plug into the core, explicitly: the registry they fill in their
+`AppConfig.ready()`. The core imports no feature app (an import-linter contract checks it);
+it learns about questions, waits, webhooks and the rest only through what is registered here.
+
+- **`ctx` methods** (`context_method`): `ctx.ask` and `ctx.question` come from `approvals`,
+  `ctx.wait_for` from `waits`. Job authors see no difference.
+- **Transition hooks** (`transition_hook`): functions run inside the transaction of a status
+  move into the statuses they name, after the job's row is locked and written (so the job row
+  is always the first lock taken). A cancelled job's questions and waits close this way, and a
+  status change queues the owner's webhooks.
+- **Visibility** (`visibility_rule`): extra reasons a user may see a job (a reviewer sees the
+  jobs whose questions they may answer).
+- **Job page and admin sections** (`job_section`, `job_admin_inline`, `job_admin_link`): what a
+  feature shows on a job's page and admin page.
+
+Like Django's own contrib apps (`django.contrib.admin` knows no app; each app registers with
+it), registration is explicit and happens once, at start-up. Registering the same name twice
+replaces the earlier entry (a test settings module may reload an app), so a process never runs
+a hook twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "TransitionHook",
+    "context_method",
+    "job_admin_inline",
+    "job_admin_inlines",
+    "job_admin_link",
+    "job_admin_links",
+    "job_section",
+    "job_sections",
+    "transition_hook",
+    "transition_hooks_for",
+    "visibility_rule",
+    "visibility_rules",
+]
+
+
+# -- ctx methods -------------------------------------------------------------------------------
+def context_method(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Make the decorated function a method of `jobs.runtime.JobContext` named `name`.
+
+    The function takes the context as its first argument, like any method. A name the core
+    itself defines (`step`, `progress`, `log`, …) cannot be replaced.
+    """
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        from jobs.runtime import JobContext  # the runtime imports this module: bind late
+
+        existing = JobContext.__dict__.get(name)
+        if existing is not None and not getattr(existing, "_registered_context_method", False):
+            raise ValueError(f"ctx.{name} is part of the core runtime and cannot be replaced by an extension")
+        fn._registered_context_method = True  # type: ignore[attr-defined]
+        setattr(JobContext, name, fn)
+        return fn
+
+    return register
+
+
+# -- transition hooks --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TransitionHook:
+    """A function run in the transaction of every move into one of `statuses`.
+
+    `fn(*, job, to, actor, channel)` gets the updated job row; `actor` and `channel` are who
+    asked for the move and through what (admin, api, web, system), when the move says so.
+    With `owners_only`, jobs without an owner skip it (and a move that runs no hook at all can
+    be one autocommit statement: see `jobs.services.transition`).
+    """
+
+    name: str
+    statuses: frozenset[str]
+    fn: Callable[..., None]
+    owners_only: bool = False
+
+
+_transition_hooks: dict[str, TransitionHook] = {}
+
+
+def transition_hook(
+    name: str, *, statuses: Iterable[str], owners_only: bool = False
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Run the decorated function inside every move of a job into one of `statuses`."""
+
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        _transition_hooks[name] = TransitionHook(name=name, statuses=frozenset(statuses), fn=fn,
+                                                 owners_only=owners_only)
+        return fn
+
+    return register
+
+
+def transition_hooks_for(to: str, *, has_owner: bool | None) -> list[TransitionHook]:
+    """The hooks a move into `to` runs. `has_owner=None` (not known yet) counts every
+    owners-only hook as possibly running."""
+    return [
+        hook for hook in _transition_hooks.values()
+        if to in hook.statuses and (has_owner is not False or not hook.owners_only)
+    ]
+
+
+# -- visibility --------------------------------------------------------------------------------
+_visibility_rules: dict[str, Callable[[Any], Any]] = {}
+
+
+def visibility_rule(name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
+    """`fn(user)` returns a `Q` (or boolean expression such as `Exists(...)`) over `Job`: the
+    further jobs an active, signed-in, non-staff `user` may see besides their own."""
+
+    def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        _visibility_rules[name] = fn
+        return fn
+
+    return register
+
+
+def visibility_rules() -> list[Callable[[Any], Any]]:
+    return list(_visibility_rules.values())
+
+
+# -- pages and admin ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobSection:
+    """A part of a job's page (`jobs/_panel.html`): `context(request, job, next_url, posted)`
+    returns the template's context, or None to show nothing. `posted` holds what a feature's
+    own view passes back (a form with errors) when it renders the page again."""
+
+    name: str
+    template: str
+    context: Callable[..., dict[str, Any] | None]
+    order: int = 100
+
+
+_job_sections: dict[str, JobSection] = {}
+
+
+def job_section(name: str, *, template: str, order: int = 100) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Show the decorated context function's section on every job's page."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _job_sections[name] = JobSection(name=name, template=template, context=fn, order=order)
+        return fn
+
+    return register
+
+
+def job_sections() -> list[JobSection]:
+    return sorted(_job_sections.values(), key=lambda section: (section.order, section.name))
+
+
+_job_admin_inlines: dict[str, tuple[int, type]] = {}
+
+
+def job_admin_inline(inline: type, *, order: int = 100) -> type:
+    """Show an admin inline (of a model with a `job` foreign key) on the job's admin page."""
+    _job_admin_inlines[f"{inline.__module__}.{inline.__qualname__}"] = (order, inline)
+    return inline
+
+
+def job_admin_inlines() -> list[type]:
+    return [inline for _, inline in sorted(_job_admin_inlines.values(), key=lambda item: item[0])]
+
+
+_job_admin_links: dict[str, Callable[[Any], str]] = {}
+
+
+def job_admin_link(name: str) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
+    """`fn(job)` returns HTML (escaped with `format_html`) shown under "links" on the job's admin
+    page, or "" for none."""
+
+    def register(fn: Callable[[Any], str]) -> Callable[[Any], str]:
+        _job_admin_links[name] = fn
+        return fn
+
+    return register
+
+
+def job_admin_links() -> list[Callable[[Any], str]]:
+    return list(_job_admin_links.values())

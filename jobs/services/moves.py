@@ -1,0 +1,218 @@
+"""The named moves of a job, each a `job_transition` that refuses a wrong source status:
+claim, hand back, complete, fail (or retry), suspend (pause or park), resume, wake, cancel,
+retry by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobs.backoff import backoff_with_jitter
+from jobs.errors import JobNotFound
+from jobs.leases import lease_deadline
+from jobs.models import Job
+from jobs.services.submitting import attempt_budget
+from jobs.services.transitions import job_transition
+
+Status = Job.Status
+
+
+def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
+    """Claim a pending job for a run: `pending → processing`, counting the attempt and taking
+    a lease (see `jobs.leases`) in the name of `worker` and its Celery `task_id`.
+
+    One conditional UPDATE, so of two deliveries of the same message exactly one wins; the
+    other gets InvalidTransition and must do nothing.
+    """
+    return job_transition(
+        job_id=job_id,
+        to=Status.PROCESSING,
+        from_=[Status.PENDING],
+        fields={
+            "attempts": F("attempts") + 1,
+            "lease_expires_at": lease_deadline(),
+            "worker": worker[:200],
+            "task_id": task_id[:64],
+        },
+    )
+
+
+def job_hand_back(*, job: Job, reason: str) -> Job:
+    """Give the run `job` back (its worker is shutting down): `processing → pending`, sent
+    again at once. The run does not count against the attempts: the budget grows by one."""
+    return job_transition(
+        job_id=job.pk,
+        to=Status.PENDING,
+        from_=[Status.PROCESSING],
+        only_attempt=job.attempts,
+        fields={"max_attempts": F("max_attempts") + 1, "run_after": None},
+        message={"handed_back": True, "reason": reason, "attempt": job.attempts},
+        dispatch=True,
+    )
+
+
+def run_lease_release(*, job: Job) -> None:
+    """A run that lost its job (cancelled, or taken back) has stopped: its lease is no longer
+    a sign of life."""
+    Job.objects.filter(pk=job.pk, attempts=job.attempts).exclude(status=Status.PROCESSING).update(
+        lease_expires_at=None
+    )
+
+
+def job_complete(*, job: Job, result: Any) -> Job:
+    """End the run `job` (as claimed) successfully with `result`."""
+    return job_transition(
+        job_id=job.pk,
+        to=Status.COMPLETED,
+        from_=[Status.PROCESSING],
+        only_attempt=job.attempts,
+        fields={"result": result, "error": None, "progress_fraction": 1.0},
+        has_owner=job.owner_id is not None,
+    )
+
+
+def retry_delay(attempt: int) -> float:
+    """The back-off before automatic retry number `attempt` (JOBS_RETRY_BACKOFF_BASE doubling
+    per attempt, capped at JOBS_RETRY_BACKOFF_MAX, with jitter)."""
+    return backoff_with_jitter(attempt, base=settings.JOBS_RETRY_BACKOFF_BASE, cap=settings.JOBS_RETRY_BACKOFF_MAX)
+
+
+def job_fail(
+    *, job: Job, code: str, message: str, retry: bool = True, record: Callable[[], None] | None = None
+) -> Job:
+    """End the run `job` with an error: back to `pending` after a back-off while attempts
+    remain (and `retry`), else `failed`. The error is recorded either way. `record` (from a
+    `JobFailure`) writes what must commit with the failure, in the same transaction."""
+    if record is not None:
+        with transaction.atomic():
+            record()
+            return job_fail(job=job, code=code, message=message, retry=retry)
+    error = {"code": code, "message": message[:2000]}
+    if retry and job.attempts < job.max_attempts:
+        delay = retry_delay(job.attempts)
+        return job_transition(
+            job_id=job.pk,
+            to=Status.PENDING,
+            from_=[Status.PROCESSING],
+            only_attempt=job.attempts,
+            fields={"error": error, "run_after": timezone.now() + timedelta(seconds=delay)},
+            message={"error": error, "retry_in": round(delay, 3), "attempt": job.attempts},
+            dispatch=True,
+            countdown=delay,
+        )
+    return job_transition(
+        job_id=job.pk,
+        to=Status.FAILED,
+        from_=[Status.PROCESSING],
+        only_attempt=job.attempts,
+        fields={"error": error},
+        message={"error": error},
+        has_owner=job.owner_id is not None,
+    )
+
+
+def job_suspend(
+    *, job: Job, to: str, apply: Callable[[Job], bool | None], message: dict[str, Any] | None = None
+) -> Job:
+    """Stop the run `job` without finishing it (`processing → paused` for a person, or
+    `→ waiting` for an outside event), in the transaction in which `apply(job)` writes the
+    feature's own rows (the question, the wait). The worker slot is freed.
+
+    The job's row is locked first (the one lock order of the platform: the job, then its
+    questions and waits). When `apply` returns True, what the job waits for already came while
+    the run was still going (a callback raced the park): the job is made runnable at once, so
+    that wake is never lost.
+    """
+    if to not in (Status.PAUSED, Status.WAITING):
+        raise ValueError(f"a run suspends into paused or waiting, not {to}")
+    with transaction.atomic():
+        Job.objects.select_for_update().filter(pk=job.pk).values_list("pk", flat=True).first()
+        due_now = apply(job)
+        suspended = job_transition(
+            job_id=job.pk, to=to, from_=[Status.PROCESSING], only_attempt=job.attempts, message=message
+        )
+        if due_now:
+            suspended = job_transition(
+                job_id=job.pk, to=Status.PENDING, from_=[to], fields={"run_after": None},
+                message={**(message or {}), "by": "callback"}, dispatch=True,
+            )
+    return suspended
+
+
+def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None) -> Job:
+    """Make a job `paused` on a question runnable again (`paused → pending`: it was answered)
+    and dispatch it."""
+    return job_transition(
+        job_id=job_id, to=Status.PENDING, from_=[Status.PAUSED], fields={"run_after": None}, message=reason,
+        dispatch=True,
+    )
+
+
+def job_wake(*, job_id: Any, reason: dict[str, Any] | None = None) -> Job:
+    """Make a job `waiting` on outside work runnable again (`waiting → pending`: a callback, a
+    due check or a person woke it) and dispatch it. A paused job is never woken this way."""
+    return job_transition(
+        job_id=job_id, to=Status.PENDING, from_=[Status.WAITING], fields={"run_after": None}, message=reason,
+        dispatch=True,
+    )
+
+
+def job_fail_suspended(*, job_id: Any, code: str, message: str, from_: list[str] | None = None) -> Job:
+    """Fail a job that is not running (`paused` or `waiting` → `failed`) with the error `code`:
+    what it waited for will not come (a question's deadline passed with the policy Fail)."""
+    error = {"code": code, "message": message[:2000]}
+    return job_transition(
+        job_id=job_id, to=Status.FAILED, from_=from_ or [Status.PAUSED, Status.WAITING], fields={"error": error},
+        message={"error": error},
+    )
+
+
+def job_cancel(*, job_id: Any, actor: Any = None, channel: str | None = None) -> Job:
+    """Cancel a job that has not finished. In the same transaction the feature apps' hooks close
+    what the job was waiting for (its open questions, each with a row in the decision ledger
+    naming `actor` and the `channel`: admin, api, web or system; its active waits).
+
+    A running job stops at its next `ctx` call (its writes are fenced to the run that owns
+    it), so a cancelled job never turns `completed` afterwards.
+    """
+    return job_transition(
+        job_id=job_id,
+        to=Status.CANCELLED,
+        from_=[Status.PENDING, Status.PROCESSING, Status.PAUSED, Status.WAITING],
+        message={"by": getattr(actor, "username", None)},
+        actor=actor,
+        channel=channel,
+    )
+
+
+def job_retry(*, job_id: Any, actor: Any = None) -> Job:
+    """Run a failed or cancelled job again, with a fresh budget of attempts.
+
+    Finished steps stay checkpointed and answered questions stay answered, so the new run
+    picks up where the last one stopped. `attempts` keeps counting (it fences each run's
+    writes, so a cancelled run that is still winding down can never write into the new one);
+    the budget grows instead.
+    """
+    kind = Job.objects.filter(pk=job_id).values_list("kind", flat=True).first()
+    if kind is None:
+        raise JobNotFound(f"job {job_id} does not exist")
+    return job_transition(
+        job_id=job_id,
+        to=Status.PENDING,
+        from_=[Status.FAILED, Status.CANCELLED],
+        fields={
+            "max_attempts": F("attempts") + attempt_budget(kind),
+            "error": None,
+            "result": None,
+            "run_after": None,
+        },
+        message={"by": getattr(actor, "username", None), "retry": True},
+        dispatch=True,
+    )
+

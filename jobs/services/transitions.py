@@ -1,0 +1,135 @@
+"""The one function that changes `Job.status`, and the dispatch that sends a job to a worker.
+
+`job_transition` checks the move against `Job.TRANSITIONS`, writes the row and its `status`
+event in one statement, and runs the feature apps' transition hooks (`jobs.extensions`) in the
+same transaction: the job's row is locked first, by the UPDATE, before any hook locks its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
+from jobs.events import job_update_with_event
+from jobs.extensions import transition_hooks_for
+from jobs.models import Job
+from jobs.registry import kind_get
+
+Status = Job.Status
+
+
+def _sources_for(to: str) -> set[str]:
+    return {source for source, targets in Job.TRANSITIONS.items() if to in targets}
+
+
+def job_transition(
+    *,
+    job_id: Any,
+    to: str,
+    from_: Iterable[str] | None = None,
+    fields: dict[str, Any] | None = None,
+    message: dict[str, Any] | None = None,
+    dispatch: bool = False,
+    countdown: float | None = None,
+    only_attempt: int | None = None,
+    where: Q | None = None,
+    has_owner: bool | None = None,
+    actor: Any = None,
+    channel: str | None = None,
+) -> Job:
+    """Move a job to status `to` and return the updated row.
+
+    In one transaction: a single conditional `UPDATE … RETURNING` locks the row, checks the move
+    against `Job.TRANSITIONS` (narrowed to `from_` when given, to the run `only_attempt` and
+    to the extra condition `where` when given), writes the status with `fields` and the next
+    event seq; then the `status` event is inserted. Leaving `processing` releases the run's
+    lease, except for `cancelled`, where the run may still be winding down. Then the transition
+    hooks registered for `to` run (`jobs.extensions.transition_hook`), with `actor` and `channel`
+    (who asked, through what). `has_owner` (when the caller knows; an owner never changes) lets
+    an ownerless job's move skip the transaction that owners-only hooks would need (see
+    `_transition_transaction`). With `dispatch`,
+    the job's Celery task is sent after the commit (after `countdown` seconds). Raises
+    JobNotFound, or InvalidTransition naming the current status.
+    """
+    sources = _sources_for(to)
+    if from_ is not None:
+        sources &= set(from_)
+    now = timezone.now()
+    values: dict[str, Any] = {"status": to, "event_seq": F("event_seq") + 1, "updated_at": now}
+    if to == Status.PROCESSING:
+        values["started_at"] = now
+    if to in Job.TERMINAL:
+        values["finished_at"] = now
+    elif to == Status.PENDING:
+        values["finished_at"] = None
+    if to not in (Status.PROCESSING, Status.CANCELLED):
+        values["lease_expires_at"] = None
+    values.update(fields or {})
+
+    with _transition_transaction(to, has_owner):
+        rows = Job.objects.filter(pk=job_id, status__in=sources)
+        if only_attempt is not None:
+            rows = rows.filter(attempts=only_attempt)
+        if where is not None:
+            rows = rows.filter(where)
+        written = job_update_with_event(rows=rows, fields=values, type="status", status=to, message=message)
+        if written is None:
+            current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+            if current is None:
+                raise JobNotFound(f"job {job_id} does not exist")
+            raise InvalidTransition(f"job {job_id} is {current}; it cannot move to {to}")
+        job = written[0]
+        # In this transaction: a committed move always has its hooks' writes (closed questions
+        # and waits, queued webhook deliveries) committed with it.
+        for hook in transition_hooks_for(to, has_owner=job.owner_id is not None):
+            hook.fn(job=job, to=to, actor=actor, channel=channel)
+        if dispatch:
+            # `job_dispatch` is looked up when called: the one seam tests replace to keep a job unsent.
+            transaction.on_commit(lambda: job_dispatch(job=job, countdown=countdown), robust=True)
+    return job
+
+
+def _transition_transaction(to: str, has_owner: bool | None) -> AbstractContextManager:
+    """The transaction of one move. On PostgreSQL a move that writes nothing else (no transition
+    hook runs for it, e.g. a job without an owner whose webhooks would be told) is ONE statement, the UPDATE and
+    its event's INSERT as a CTE, and so atomic on its own: outside a caller's transaction it runs
+    in autocommit and saves the BEGIN and COMMIT round trips (every claim, and the outcome of an
+    ownerless job). Its after-commit work (the push, a dispatch) then runs right after the
+    statement, as after a COMMIT."""
+    connection = transaction.get_connection()
+    alone = not transition_hooks_for(to, has_owner=has_owner)
+    if connection.vendor == "postgresql" and not connection.in_atomic_block and alone:
+        return nullcontext()
+    return transaction.atomic()
+
+
+def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
+    """Send the Celery message that runs `job` (call it after the job's row is committed).
+
+    The task shows in Flower under the job's kind (Celery's `shadow` name) with the job id as
+    its argument.
+    """
+    from jobs.tasks import job_run  # the tasks module imports the services: bind late
+
+    options: dict[str, Any] = {"shadow": job.kind}
+    try:
+        job_kind = kind_get(job.kind)
+    except UnknownKind:  # it still runs, and fails with a clear error there
+        job_kind = None
+    if job_kind is not None and job_kind.queue:
+        options["queue"] = job_kind.queue
+    if job_kind is not None and job_kind.time_limit:
+        # Celery raises SoftTimeLimitExceeded in the handler (the runner records `timeout`);
+        # the hard limit a minute later kills a run that swallowed it.
+        options["soft_time_limit"] = job_kind.time_limit
+        options["time_limit"] = job_kind.time_limit + 60
+    if countdown:
+        options["countdown"] = countdown
+    job_run.apply_async(args=[str(job.pk)], **options)
+

@@ -2,6 +2,7 @@
 context by `approvals.extensions` (the core knows nothing of questions).
 
     answer = ctx.ask("approve", "Publish this?", schema=approval(), details={"draft": draft})
+    decision = ctx.ask("approve", "Publish this?", answer=Approval, details=draft)   # typed: an Approval
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from approvals.models import Question
-from approvals.schemas import APPROVAL_SCHEMA
+from approvals.schemas import APPROVAL_SCHEMA, answer_schema
 from approvals.services import question_open, question_spec_build
+from jobs import typed
 from jobs.runtime import JobFailure, PauseForResolution
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ def ask(
     prompt: str,
     *,
     schema: dict | None = None,
+    answer: Any = None,
     details: Any = None,
     assignees: str | list[str] | None = None,
     required_approvals: int = 1,
@@ -64,9 +67,15 @@ def ask(
     `Cancel()`, `Escalate(to=..., timeout=...)`). A mistake in these fails the job with
     `invalid_question` or `unknown_assignee`. A question that was cancelled or expired is
     asked again when a person retries the job.
+
+    `answer` (a pydantic model, an `Enum`, a `Literal`, …) types the answer: the schema, and so
+    the admin's and the job page's form, is derived from it (unless `schema` is given too, e.g.
+    a `choice(...)` with labels), and the answer comes back as an instance of it. `details`
+    may be a model too.
     """
-    schema = schema if schema is not None else APPROVAL_SCHEMA
-    details = details if details is not None else {}
+    if schema is None:
+        schema = answer_schema(answer) if answer is not None else APPROVAL_SCHEMA
+    details = typed.to_json(details) if details is not None else {}
     digest = question_digest(prompt=prompt, schema=schema, details=details)
     question = Question.objects.filter(job_id=ctx.job_id, key=key).first()
     if question is not None and question.digest != digest:
@@ -76,7 +85,7 @@ def ask(
             "the stored answer was given to the old question and is not reused",
         )
     if question is not None and question.status == Question.Status.ANSWERED:
-        return question.answer
+        return _answer_as(answer, key, question.answer)
     if question is not None and question.status == Question.Status.OPEN:
         raise _pause({"key": key, "prompt": prompt, "schema": schema, "details": details, "digest": digest})
     # New, or cancelled/expired and asked again after a retry: check what the author passed.
@@ -86,6 +95,17 @@ def ask(
             required_approvals=required_approvals, timeout=timeout, on_timeout=on_timeout,
         )
     )
+
+
+def _answer_as(answer_type: Any, key: str, value: Any) -> Any:
+    if answer_type is None:
+        return value
+    try:
+        return typed.from_json(answer_type, value)
+    except typed.ValidationError as exc:
+        field, message = typed.error_field(exc, "answer")
+        raise JobFailure("invalid_answer", f"the answer to question {key!r} does not fit "
+                         f"{getattr(answer_type, '__name__', answer_type)}: {field}: {message}") from None
 
 
 def question(ctx: JobContext, key: str) -> Question | None:

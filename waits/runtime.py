@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.utils import timezone
 
+from jobs import typed
 from jobs.runtime import JobFailure, ParkForWait
 from jobs.timestamps import iso_utc
 from waits.models import Wait
@@ -43,7 +44,7 @@ Check = Callable[[str], CheckResult]
 
 
 def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy: WaitPolicy | None = None,
-             service: str = "") -> Any:
+             service: str = "", result: Any = None) -> Any:
     """`ctx.wait_for`: hand work to an outside service and return its result, without holding a
     worker.
 
@@ -62,12 +63,15 @@ def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy:
     `deadline_exceeded` when still pending at the last mark, `throttled`,
     `gateway_unavailable`, `wait_backstop`) or parks again. `key` names the wait within the
     job and must be stable across runs. See `waits.policy.WaitPolicy` for the knobs.
+
+    `result` (a pydantic model or another type) types the outcome: `check` may return
+    `CheckResult.succeeded(instance)`, it is stored as JSON, and this call returns an instance.
     """
     ctx.flush()  # a held progress report goes first
     policy = policy or WaitPolicy()
     wait = wait_open(job_id=ctx.job_id, key=key, service=service, policy=policy)
     if wait.state == Wait.State.SUCCEEDED:
-        return wait.result
+        return _result_as(result, key, wait.result)
     wait = wait_execution_begin(wait_id=wait.pk)
     if wait.executions > policy.max_executions:
         _fail(ctx, wait, "wait_backstop",
@@ -75,7 +79,18 @@ def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy:
               f"({policy.max_executions}); stopped as a runaway loop")
     if wait.state == Wait.State.SUBMITTING:
         _submit(ctx, wait, policy, submit)
-    return _check(ctx, wait, policy, check)
+    return _result_as(result, key, _check(ctx, wait, policy, check))
+
+
+def _result_as(result_type: Any, key: str, value: Any) -> Any:
+    if result_type is None:
+        return value
+    try:
+        return typed.from_json(result_type, value)
+    except typed.ValidationError as exc:
+        field, message = typed.error_field(exc, "result")
+        raise JobFailure("invalid_result", f"the result of wait {key!r} does not fit "
+                         f"{getattr(result_type, '__name__', result_type)}: {field}: {message}") from None
 
 
 def _submit(ctx: JobContext, wait: Wait, policy: WaitPolicy, submit: Submit) -> NoReturn:
@@ -109,10 +124,11 @@ def _check(ctx: JobContext, wait: Wait, policy: WaitPolicy, check: Check) -> Any
     fields: dict[str, Any] = {"checks": checks, "transport_failures": 0, "last_checked_at": now}
     checked: Event = ("checked", {"outcome": outcome.state, "checks": checks})
     if outcome.state == "succeeded":
-        fields.update(state=Wait.State.SUCCEEDED, result=outcome.result, next_due_at=None)
+        value = typed.to_json(outcome.result)  # a model from check() is stored as JSON
+        fields.update(state=Wait.State.SUCCEEDED, result=value, next_due_at=None)
         done: Event = ("done", {"checks": checks, "executions": wait.executions})
         wait_update(wait=wait, fields=fields, events=[checked, done], run_attempt=ctx.attempt)
-        return outcome.result
+        return value
     if outcome.state == "failed":
         _fail(ctx, wait, "external_failed", f"{wait.service or 'the service'} failed: {outcome.reason}",
               fields, [checked])

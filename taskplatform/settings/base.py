@@ -306,6 +306,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "taskplatform.api.schema.add_healthz",
+        # Each job kind's input (and result) schema, and the submit body as one of them per kind.
+        "jobs.openapi.add_job_kind_schemas",
     ],
 }
 # Outgoing webhooks (the API's push side): timeout of one attempt, attempts before a delivery

@@ -19,6 +19,7 @@ from jobs.errors import PlatformError
 from jobs.extensions import job_admin_inlines, job_admin_links
 from jobs.models import Job, JobEvent
 from jobs.registry import kinds_all
+from jobs.selectors import job_children_counts
 from jobs.services import job_cancel, job_retry, job_submit
 
 
@@ -72,14 +73,14 @@ class JobAdmin(admin.ModelAdmin):
     change_form_template = "admin/jobs/job/change_form.html"
     fieldsets = (
         (None, {"fields": ("id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts",
-                           "links")}),
+                           "family", "links")}),
         ("Data", {"fields": ("input_display", "result_display", "error_display", "checkpoint_display")}),
         ("Times", {"fields": ("created_at", "updated_at", "started_at", "finished_at", "run_after")}),
     )
     readonly_fields = (
         "id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts", "input_display",
         "result_display", "error_display", "checkpoint_display", "created_at", "updated_at", "started_at",
-        "finished_at", "run_after", "links",
+        "finished_at", "run_after", "links", "family",
     )
 
     # -- list columns --------------------------------------------------------------------------
@@ -118,6 +119,25 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="checkpoint (finished steps)")
     def checkpoint_display(self, job: Job) -> str:
         return self._json(job.checkpoint) if job.checkpoint else "—"
+
+    @admin.display(description="parent and children")
+    def family(self, job: Job) -> str:
+        """The job that spawned this one, and how the jobs it spawned stand (`ctx.spawn`)."""
+        parts = []
+        if job.parent_id:
+            parent = Job.objects.filter(pk=job.parent_id).only("kind").first()
+            parts.append(format_html('spawned by <a href="{}">{} {}</a> as <code>{}</code>',
+                                     reverse("admin:jobs_job_change", args=[job.parent_id]),
+                                     parent.kind if parent else "job", str(job.parent_id)[:8], job.spawn_key))
+        counts = job_children_counts(job)
+        if counts:
+            summary = ", ".join(f"{count} {status}" for status, count in counts.items())
+            url = reverse("admin:jobs_job_changelist") + f"?parent__id__exact={job.pk}"
+            parts.append(format_html('<a href="{}">{} children</a>: {}', url, sum(counts.values()), summary))
+        return mark_safe("<br>".join(parts)) if parts else "—"  # each part is built with format_html
+
+    def lookup_allowed(self, lookup, value, request=None):
+        return lookup == "parent__id__exact" or super().lookup_allowed(lookup, value, request)
 
     @admin.display(description="links")
     def links(self, job: Job) -> str:

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET
 from jobs.errors import JobNotFound
 from jobs.extensions import job_sections
 from jobs.models import Job
-from jobs.selectors import job_get_visible, jobs_visible_to
+from jobs.selectors import job_children_counts, job_get_visible, jobs_visible_to
 
 LIST_LIMIT = 200  # newest jobs on /jobs/
 TIMELINE_LIMIT = 300  # newest events rendered with the page; live ones are appended
@@ -99,7 +99,25 @@ def job_list_page(request: HttpRequest) -> HttpResponse:
 def job_detail_page(request: HttpRequest, job_id: Any) -> HttpResponse:
     """`/jobs/{id}/`: progress bar, status, the growing timeline, result or error, answer form."""
     job = visible_or_404(request, job_id)
-    return render(request, "jobs/job_detail.html", live_context(request, job))
+    return render(request, "jobs/job_detail.html", {**live_context(request, job), **family_context(request, job)})
+
+
+CHILDREN_SHOWN = 50
+
+
+def family_context(request: HttpRequest, job: Job) -> dict[str, Any]:
+    """The job's parent (a child's questions say which job they belong to) and its children:
+    counts by status, and the first ones the viewer may see."""
+    counts = job_children_counts(job)
+    visible = jobs_visible_to(request.user)
+    children = list(visible.filter(parent_id=job.pk).order_by("created_at", "pk")[:CHILDREN_SHOWN]) if counts else []
+    return {
+        "parent_job": Job.objects.filter(pk=job.parent_id).first() if job.parent_id else None,
+        "parent_visible": bool(job.parent_id) and visible.filter(pk=job.parent_id).exists(),
+        "children_counts": counts,
+        "children_total": sum(counts.values()),
+        "children": children,
+    }
 
 
 @login_required

@@ -1,6 +1,6 @@
 """What waits plugs into the jobs core (`jobs.extensions`), registered once at start-up by
-`WaitsConfig.ready()`: `ctx.wait_for`, the closing of a cancelled job's waits, and the waits on
-the job's admin page."""
+`WaitsConfig.ready()`: `ctx.wait_for`, the closing of a cancelled job's waits, the waits on
+the job's admin page, and a double of the outside service for `jobs.testing`."""
 
 from __future__ import annotations
 
@@ -22,3 +22,9 @@ def register() -> None:
         waits_cancel_for_job(job=job, actor=actor)
 
     extensions.job_admin_inline(WaitInline, order=20)
+
+    from waits.testing import install_service_doubles, resume_waiting_job
+
+    extensions.harness_driver("waits.service", status=Job.Status.WAITING, prepare=install_service_doubles)(
+        resume_waiting_job
+    )

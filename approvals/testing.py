@@ -15,6 +15,10 @@ from jobs.models import Job
 from jobs.testing import EXPIRE, Answer, HarnessError
 
 
+def _as_child(job: Job) -> str:
+    return f" (child {job.spawn_key!r})" if job.parent_id else ""
+
+
 def answer_paused_job(job: Job, run: Any) -> bool:
     """Answer (or let expire) the open question `job` is paused on; False if it has none."""
     question = Question.objects.filter(job=job, status=Question.Status.OPEN).order_by("opened_at", "pk").first()
@@ -24,8 +28,9 @@ def answer_paused_job(job: Job, run: Any) -> bool:
     if given is EXPIRE:
         if question.expires_at is None:
             raise HarnessError(
-                f"{job.kind} {job.pk} is paused on question {question.key!r} ({question.prompt!r}), which has no "
-                f"deadline, and answers has no {question.key!r}: pass answers={{{question.key!r}: ...}}"
+                f"{job.kind} {job.pk}{_as_child(job)} is paused on question {question.key!r} ({question.prompt!r}), "
+                f"which has no deadline to let pass, and the test gives no answer: "
+                f"pass answers={{{question.key!r}: ...}}"
             )
         run.clock.advance_to(question.expires_at)
         questions_expire_due()

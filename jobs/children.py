@@ -152,7 +152,7 @@ def _input_json(key: str, kind: str, value: Any) -> dict[str, Any]:
         job_kind = kind_get(kind)
     except UnknownKind as exc:
         raise JobFailure("unknown_kind", f"child {key!r}: {exc.message}") from None
-    data = typed.to_json({} if value is None else value)
+    data = typed.to_json({} if value is None else value, unset=False)
     try:
         job_kind.validate_input(data)
     except InvalidInput as exc:

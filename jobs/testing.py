@@ -233,7 +233,7 @@ class KindRun:
                  wait_results: dict[str, Any] | None = None, clock: Clock | None = None, owner: Any = None,
                  replay_check: bool = True, max_runs: int = 2000) -> None:
         self.kind = kind
-        self.input = typed.to_json({} if input is None else input)
+        self.input = typed.to_json({} if input is None else input, unset=False)
         self.answers = dict(answers or {})
         self.wait_results = dict(wait_results or {})
         self.clock = clock or Clock()
@@ -251,9 +251,10 @@ class KindRun:
         return value(question) if callable(value) and not isinstance(value, type) else value
 
     def wait_result_for(self, key: str, job: Job) -> Any:
-        """`wait_results[key]` (called with the job when it is a function); raises when absent."""
+        """`wait_results[key]` (called with the job when it is a function); stops the run with a
+        HarnessError when absent."""
         if key not in self.wait_results:
-            raise HarnessError(
+            raise self.abort(
                 f"{job.kind} {job.pk} waits on {key!r} but wait_results has no {key!r}: pass "
                 f"wait_results={{{key!r}: <the service's result>}} (or WaitFailed(...), Pending(...), NEVER)"
             )
@@ -276,6 +277,12 @@ class KindRun:
 
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> KindRunResult:
+        try:
+            return self._run_all()
+        except _Abort as abort:
+            raise abort.error from None
+
+    def _run_all(self) -> KindRunResult:
         with self.clock.installed(), mock.patch("jobs.services.transitions.job_dispatch", _no_dispatch):
             self.root, _ = job_submit(kind=self.kind, input=self.input, owner=self.owner)
             handler_runs = 0
@@ -325,10 +332,7 @@ class KindRun:
         kind = kind_get(job.kind)
         ctx = JobContext(job, worker_hostname="jobs.testing")
         calls = self._prepare(ctx)
-        try:
-            runner._run(kind, ctx, job)
-        except _Abort as abort:
-            raise abort.error from None
+        runner._run(kind, ctx, job)  # a harness error inside (an _Abort) goes up to `run`
         runs = self.traces.setdefault(job.pk, [])
         runs.append(calls)
         if self.replay_check and len(runs) > 1:
@@ -381,8 +385,6 @@ class KindRun:
                     outcome = ("suspended", exc.status)
                 except JobFailure as exc:
                     outcome = ("failed", f"{exc.code}: {exc.message}")
-                except _Abort as abort:
-                    raise abort.error from None
                 except Exception as exc:
                     outcome = ("raised", f"{type(exc).__name__}: {exc}")
                 raise _Rollback
@@ -476,10 +478,14 @@ def _call_of(name: str, args: tuple, kwargs: dict[str, Any]) -> Call:
         key, rest = (args[0] if args else ""), (list(args[1:]), kwargs)
     text = json.dumps(rest, default=_describe, sort_keys=True)
     shown = ", ".join(
-        [json.dumps(value, default=_describe)[:80] for value in rest[0]]
-        + [f"{k}={json.dumps(v, default=_describe)[:80]}" for k, v in sorted(rest[1].items())]
+        [json.dumps(value, default=_describe)[:80] for value in rest[0] if not _is_function(value)]
+        + [f"{k}={json.dumps(v, default=_describe)[:80]}" for k, v in sorted(rest[1].items()) if not _is_function(v)]
     )
     return Call(method=name, key=str(key), digest=hashlib.sha256(text.encode()).hexdigest()[:16], shown=shown)
+
+
+def _is_function(value: Any) -> bool:
+    return callable(value) and not isinstance(value, type)
 
 
 def _describe(value: Any) -> Any:

@@ -54,12 +54,13 @@ def schema_of(tp: Any) -> dict:
     return _simplify(schema)
 
 
-def to_json(value: Any) -> Any:
+def to_json(value: Any, *, unset: bool = True) -> Any:
     """`value` as plain JSON data: models dumped in JSON mode (dates as ISO strings, enums as
     their values, by alias), an optional field left at None left out (the derived schema
-    describes it as "may be absent", not as null), anything else as it is."""
+    describes it as "may be absent", not as null), anything else as it is. With `unset=False`
+    a model's fields left at their defaults are left out too (a job's input: what was given)."""
     if isinstance(value, BaseModel):
-        return _dump(value)
+        return _dump(value, exclude_unset=not unset)
     if isinstance(value, dict):
         return {key: to_json(item) for key, item in value.items()} if _holds_model(value) else value
     if isinstance(value, (list, tuple)) and _holds_model(list(value)):
@@ -69,8 +70,8 @@ def to_json(value: Any) -> Any:
     return to_jsonable_python(value)
 
 
-def _dump(model: BaseModel) -> dict:
-    data = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+def _dump(model: BaseModel, *, exclude_unset: bool = False) -> dict:
+    data = model.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=exclude_unset)
     for name, info in type(model).model_fields.items():
         if info.is_required() and getattr(model, name) is None:  # a required field that takes null
             data[info.alias or name] = None

@@ -193,15 +193,20 @@ FANOUT_INPUT = {
         "ask": {"type": "integer", "minimum": 0},
         "fail": {"type": "integer", "minimum": 0},
         "policy": {"enum": ["fail_fast", "collect"]},
+        "nap": {"type": "number", "minimum": 0},
     },
 }
 
 
 @job_kind("test.fanout", input_schema=FANOUT_INPUT)
 def fanout(ctx, input):
-    """Spawns `noop` demo.noop children, `ask` test.ask children and `fail` test.refuse children,
-    and gathers them all under `policy`; returns how they ended."""
-    noops = ctx.map("demo.noop", [{}] * input.get("noop", 0), key="noop")
+    """Spawns `noop` demo.noop children (demo.sleep of `nap` seconds in one step, with `nap`),
+    `ask` test.ask children and `fail` test.refuse children, and gathers them all under
+    `policy`; returns how they ended."""
+    if input.get("nap"):
+        noops = ctx.map("demo.sleep", [{"seconds": input["nap"], "steps": 1}] * input.get("noop", 0), key="noop")
+    else:
+        noops = ctx.map("demo.noop", [{}] * input.get("noop", 0), key="noop")
     asks = ctx.map("test.ask", [{"prompt": f"child {n}?"} for n in range(input.get("ask", 0))], key="ask")
     fails = ctx.map("test.refuse", [{}] * input.get("fail", 0), key="fail")
     policy = input.get("policy", "fail_fast")

@@ -32,9 +32,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from approvals.schemas import ApprovalWithReason
-from jobs.registry import job_kind
-from jobs.runtime import JobContext
+$kind_imports
 
 
 class ${model}Input(BaseModel):
@@ -62,6 +60,14 @@ def $function(ctx: JobContext, input: ${model}Input) -> ${model}Result:
     reference = ctx.step("record", lambda: f"REF-{ctx.job_id}")  # the side effect, in a step
     return ${model}Result(approved=True, reference=reference)
 ''')
+
+# The generated kind's own imports (it asks a question, so it uses approvals: the generated code
+# lives in the author's app, never in the core).
+KIND_IMPORTS = [
+    "from approvals.schemas import ApprovalWithReason",
+    "from jobs.registry import job_kind",
+    "from jobs.runtime import JobContext",
+]
 
 TEST_TEMPLATE = Template('''"""Tests of the `$kind` job kind, run in-process by `jobs.testing` (no worker needed)."""
 
@@ -132,7 +138,7 @@ class Command(BaseCommand):
         imports = sorted([f"from {module} import {model}Input, {model}Result",
                           "from jobs.testing import Answer, run_kind"])
         words = {"kind": kind, "model": model, "function": name, "imports": "\n".join(imports),
-                 "test_path": _shown(test_path)}
+                 "kind_imports": "\n".join(KIND_IMPORTS), "test_path": _shown(test_path)}
         module_path.parent.mkdir(parents=True, exist_ok=True)
         module_path.write_text(KIND_TEMPLATE.substitute(words))
         _register(register_in, register_line, kind)

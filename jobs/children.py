@@ -105,6 +105,9 @@ def gather(ctx: JobContext, *children: Child | Iterable[Child], policy: str = FA
     ctx._hand_back_if_asked()
     ids = [handle.id for handle in handles]
     state = family.children_state(ids)
+    strangers = [h.key for h in handles if h.id not in state or state[h.id].parent_id != ctx.job_id]
+    if strangers:
+        raise ValueError(f"ctx.gather takes this job's own children; not: {', '.join(strangers)}")
     if policy == FAIL_FAST:
         ended_badly = [state[h.id] for h in handles if state[h.id].status in family.RETRYABLE]
         if ended_badly:

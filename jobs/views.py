@@ -4,8 +4,10 @@ import redis
 from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
+from django.views.decorators.http import require_safe
 
 
+@require_safe
 def healthz(request):
     """200 when the database and Redis answer, 503 naming the one that does not."""
     checks = {}

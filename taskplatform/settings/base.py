@@ -59,6 +59,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's static files under the ASGI server without a separate web server.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # A method the path's view does not declare: 405 with Allow, before sessions or auth.
+    "taskplatform.methods.MethodNotAllowedMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

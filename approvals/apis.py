@@ -23,7 +23,7 @@ from approvals.serializers import (
     QuestionSerializer,
 )
 from approvals.services import question_answer, request_client_address
-from taskplatform.api.errors import RETRY_AFTER, error_responses
+from taskplatform.api.errors import ID, RETRY_AFTER, error_responses
 
 
 @extend_schema_view(
@@ -34,7 +34,7 @@ from taskplatform.api.errors import RETRY_AFTER, error_responses
     ),
     retrieve=extend_schema(
         summary="Get a question",
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={200: QuestionSerializer, **error_responses(404)},
     ),
 )
@@ -74,7 +74,7 @@ class QuestionViewSet(viewsets.GenericViewSet):
         "already approved by the caller (a quorum waits for other reviewers) or no longer open. For a quorum "
         "question an approval is a vote: the question stays `open` until `required_approvals` reviewers approved.",
         request=AnswerSerializer,
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={200: QuestionSerializer, **error_responses(400, 403, 404, 409)},
     )
     @action(detail=True, methods=["post"])
@@ -97,7 +97,7 @@ class QuestionViewSet(viewsets.GenericViewSet):
         summary="The question's decision ledger, oldest first",
         description="Every answer, vote, expiry, escalation, cancellation and re-opening, with who, the channel, "
         "the client address and the digest of what was shown. Rows are never changed or removed.",
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={200: DecisionSerializer(many=True), **error_responses(404)},
     )
     @action(detail=True, methods=["get"], pagination_class=None)

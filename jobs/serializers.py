@@ -3,8 +3,10 @@ parameters. No business logic: the views hand validated data to `jobs.services`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -15,9 +17,67 @@ EVENTS_MAX_LIMIT = 1000
 ORDERING_FIELDS = ("created_at", "updated_at", "started_at", "finished_at")
 ORDERINGS = [*ORDERING_FIELDS, *(f"-{name}" for name in ORDERING_FIELDS)]
 
+# PostgreSQL stores no NUL character, in text or in jsonb: a request carrying one is refused
+# with a 400 naming the field, never a 500 from the database.
+NUL_REFUSED = RegexValidator(
+    r"\A[^\x00]*\Z", "may not contain the NUL character (U+0000)", code="null_characters_not_allowed"
+)
+
+
+def json_value_refusal(value: Any) -> str | None:
+    """Why a parsed JSON value cannot be stored (a NUL character in a string or a key, a number
+    that is not finite), or None. Walks the value without recursion: its depth is the client's."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "may not contain the NUL character (U+0000) in any string"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "may not contain a number that is not finite"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if "\x00" in key:
+                    return "may not contain the NUL character (U+0000) in any key"
+                stack.append(child)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+class TextField(serializers.CharField):
+    """A string of a request, taken as it was sent: a JSON string only (DRF's CharField turns a
+    number into its text), not trimmed (so that the lengths in the schema are the lengths
+    checked), and without the NUL character (said in the schema as a `pattern`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+        self.validators = [
+            NUL_REFUSED if isinstance(validator, ProhibitNullCharactersValidator) else validator
+            for validator in self.validators
+        ]
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class RequestJSONField(serializers.JSONField):
+    """JSON in a request: refused (400) when it cannot be stored (see `json_value_refusal`)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        refusal = json_value_refusal(value)
+        if refusal is not None:
+            raise serializers.ValidationError(refusal, code="invalid")
+        return value
+
 
 @extend_schema_field({"type": "object", "additionalProperties": True})
-class JSONObjectField(serializers.JSONField):
+class JSONObjectField(RequestJSONField):
     """A JSON object (a dict), in requests and in the schema."""
 
     default_error_messages = {"not_object": "must be a JSON object"}
@@ -30,7 +90,7 @@ class JSONObjectField(serializers.JSONField):
 
 
 @extend_schema_field({})
-class AnyJSONField(serializers.JSONField):
+class AnyJSONField(RequestJSONField):
     """Any JSON value: object, array, string, number, boolean or null."""
 
 
@@ -82,9 +142,9 @@ class JobSerializer(serializers.ModelSerializer):
 class JobSubmitSerializer(serializers.Serializer):
     """The body of `POST /api/jobs/`."""
 
-    kind = serializers.CharField(max_length=100, help_text="A registered kind (see `GET /api/job-kinds/`).")
+    kind = TextField(max_length=100, help_text="A registered kind (see `GET /api/job-kinds/`).")
     input = JSONObjectField(required=False, default=dict, help_text="Checked against the kind's `input_schema`.")
-    idempotency_key = serializers.CharField(
+    idempotency_key = TextField(
         max_length=200,
         required=False,
         allow_null=True,
@@ -97,7 +157,7 @@ class JobListQuerySerializer(QuerySerializer):
     """The filters of `GET /api/jobs/`."""
 
     status = serializers.ChoiceField(choices=Job.Status.values, required=False)
-    kind = serializers.CharField(required=False, max_length=100)
+    kind = TextField(required=False, max_length=100)
     created_after = serializers.DateTimeField(required=False, help_text="Created at or after (ISO 8601).")
     created_before = serializers.DateTimeField(required=False, help_text="Created before (ISO 8601).")
     ordering = serializers.ChoiceField(choices=ORDERINGS, required=False, default="-created_at")

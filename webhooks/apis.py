@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs.errors import PlatformError
-from taskplatform.api.errors import RETRY_AFTER, error_responses
+from taskplatform.api.errors import ID, RETRY_AFTER, error_responses
 from webhooks.models import Webhook
 from webhooks.serializers import (
     WebhookCreatedSerializer,
@@ -46,7 +46,9 @@ def webhook_get_owned(*, user: object, webhook_id: str) -> Webhook:
         responses={200: WebhookSerializer(many=True), **error_responses(400, 404)},
     ),
     retrieve=extend_schema(
-        summary="Get a webhook", parameters=[RETRY_AFTER], responses={200: WebhookSerializer, **error_responses(404)}
+        summary="Get a webhook",
+        parameters=[ID, RETRY_AFTER],
+        responses={200: WebhookSerializer, **error_responses(404)},
     ),
     create=extend_schema(
         summary="Register a webhook for the caller's jobs",
@@ -59,7 +61,7 @@ def webhook_get_owned(*, user: object, webhook_id: str) -> Webhook:
     ),
     destroy=extend_schema(
         summary="Remove a webhook and its delivery log",
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={204: OpenApiResponse(description="Removed."), **error_responses(404)},
     ),
 )
@@ -94,7 +96,7 @@ class WebhookViewSet(viewsets.GenericViewSet):
     @extend_schema(
         operation_id="webhooks_deliveries",
         summary="The webhook's deliveries, newest first",
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={200: WebhookDeliverySerializer(many=True), **error_responses(400, 404)},
     )
     @action(detail=True, methods=["get"])

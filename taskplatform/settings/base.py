@@ -303,7 +303,11 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "taskplatform.api.schema.add_healthz",
+        "taskplatform.api.schema.add_job_kinds",
+        "taskplatform.api.schema.single_blank_branch",
     ],
+    # A request's string that may not be blank says `minLength: 1`.
+    "ENFORCE_NON_BLANK_FIELDS": True,
 }
 # Outgoing webhooks (the API's push side): timeout of one attempt, attempts before a delivery
 # fails for good, back-off base * 2**(attempt-1) seconds capped at max, and how often beat looks

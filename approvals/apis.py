@@ -8,7 +8,7 @@ the admin's answer form.
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -74,6 +74,13 @@ class QuestionViewSet(viewsets.GenericViewSet):
         "already approved by the caller (a quorum waits for other reviewers) or no longer open. For a quorum "
         "question an approval is a vote: the question stays `open` until `required_approvals` reviewers approved.",
         request=AnswerSerializer,
+        examples=[
+            OpenApiExample(
+                "An approval",
+                value={"answer": {"approved": True}, "comment": "Checked the figures."},
+                request_only=True,
+            )
+        ],
         parameters=[ID, RETRY_AFTER],
         responses={200: QuestionSerializer, **error_responses(400, 403, 404, 409)},
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -56,6 +56,13 @@ def webhook_get_owned(*, user: object, webhook_id: str) -> Webhook:
         "sha256=<hex HMAC-SHA256 of \"{timestamp}.{body}\" keyed by the secret>`; anything but a 2xx is "
         "retried with back-off. The secret is in this answer only.",
         request=WebhookCreateSerializer,
+        examples=[
+            OpenApiExample(
+                "Finished jobs",
+                value={"url": "https://hooks.example.com/jobs", "events": ["completed", "failed"]},
+                request_only=True,
+            )
+        ],
         parameters=[RETRY_AFTER],
         responses={201: WebhookCreatedSerializer, **error_responses(400)},
     ),

@@ -3,11 +3,11 @@ OpenAPI 3.0 Schema Object, so that the API's document says what `POST /api/jobs/
 
 OpenAPI 3.0 speaks an older dialect: `exclusiveMinimum` is a flag beside `minimum`, there is no
 `const`, `type` is one name (`nullable` says null), `items` is required on arrays. Those are
-rewritten. What the dialect cannot say at all (`if`/`then`, `patternProperties`, `prefixItems`,
-…) is dropped and reported, so that the caller can warn: the document then accepts more than
-the server. `format` is dropped without a report: the server does not check it (jsonschema
-treats it as a note unless asked), so keeping it would make the document stricter than the
-server.
+rewritten, and `examples` becomes `example` (the first). What the dialect cannot say at all
+(`if`/`then`, `patternProperties`, `prefixItems`, …) is dropped and reported, so that the caller
+can warn: the document then accepts more than the server. `format` is dropped without a report:
+the server does not check it (jsonschema treats it as a note unless asked), so keeping it would
+make the document stricter than the server.
 
 Two things the server adds to every kind's schema are written in too: an input is a JSON
 object, and no string in it may hold the NUL character (`jobs.serializers.json_value_refusal`).
@@ -25,7 +25,7 @@ KEPT = frozenset({
     "enum", "deprecated", "readOnly", "writeOnly",
 })
 # Notes that change nothing the server accepts.
-IGNORED = frozenset({"$schema", "$id", "$comment", "$anchor", "$defs", "definitions", "format", "examples",
+IGNORED = frozenset({"$schema", "$id", "$comment", "$anchor", "$defs", "definitions", "format",
                      "contentMediaType", "contentEncoding", "contentSchema", "$vocabulary"})
 # What OpenAPI 3.0 cannot say.
 UNSUPPORTED = frozenset({
@@ -97,6 +97,9 @@ def _translate(schema: Any, *, root: dict[str, Any], at: str, lost: list[str], d
                 conjuncts.append(_translate(target, root=root, at=f"{at}/$ref", lost=lost, depth=depth + 1))
         elif key == "const":
             out["enum"] = [value]
+        elif key == "examples":
+            if isinstance(value, list) and value:
+                out["example"] = value[0]
         elif key == "type":
             names = [value] if isinstance(value, str) else list(value)
             if "null" in names:

@@ -67,10 +67,16 @@ def _kind_variant(kind: JobKind, base: dict[str, Any]) -> dict[str, Any]:
         "kind": {"type": "string", "enum": [kind.name], "description": "The kind of job to run."},
         "input": input_schema,
     }
+    validator = Draft202012Validator(kind.input_schema)
     # The server reads a missing input as {}: required only when {} is not a valid input.
-    required = ["kind"] if Draft202012Validator(kind.input_schema).is_valid({}) else ["kind", "input"]
+    required = ["kind"] if validator.is_valid({}) else ["kind", "input"]
     summary = f"Submit a `{kind.name}` job" + (f": {kind.description}" if kind.description else ".")
-    return {"type": "object", "description": summary, "properties": properties, "required": required}
+    variant = {"type": "object", "description": summary, "properties": properties, "required": required}
+    # An example request when the kind gives an input example (JSON Schema `examples`) or takes {}.
+    example_input = (kind.input_schema.get("examples") or [{}])[0]
+    if validator.is_valid(example_input):
+        variant["example"] = {"kind": kind.name, "input": example_input}
+    return variant
 
 
 def add_job_kinds(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:

@@ -26,8 +26,8 @@ from django.db import close_old_connections
 from accounts.services import api_token_create
 from jobs.runner import job_execute
 from jobs.services import job_submit
+from tests.api.conftest import api_server_running
 from tests.conftest import make_user, reviewers_group
-from tests.live.conftest import asgi_server, wait_until_serving
 from tests.support.processes import BASE_DIR, child_env
 from waits.policy import WaitPolicy
 from waits.services import wait_open, wake_token
@@ -144,18 +144,14 @@ def reviewer_test_data(monkeypatch) -> dict[str, str]:
 
 @pytest.fixture
 def api_server(transactional_db):
-    """uvicorn on the test database, for this test alone. Its jobs go to a Redis key prefix of
-    their own, which no worker reads (the kinds under test include ones that kill their worker),
-    and its rate limit is out of the way of a run that sends thousands of requests."""
+    """A server for this test alone. Its jobs go to a Redis key prefix of their own, which no
+    worker reads (the kinds under test include ones that kill their worker), and its rate limit
+    is out of the way of a run that sends thousands of requests."""
     prefix = f"{django_settings.REDIS_KEY_PREFIX}schemathesis-{uuid.uuid4().hex[:6]}:"
-    server = asgi_server()
-    server.env = {**server.env, "REDIS_KEY_PREFIX": prefix, "API_THROTTLE_RATE": "1000000/min"}
-    server.start()
     try:
-        wait_until_serving(server.url)
-        yield server.url
+        with api_server_running(REDIS_KEY_PREFIX=prefix, API_THROTTLE_RATE="1000000/min") as url:
+            yield url
     finally:
-        server.stop()
         client = redis.Redis.from_url(django_settings.REDIS_URL)
         for key in client.scan_iter(match=f"{prefix}*"):
             client.delete(key)

@@ -3,7 +3,6 @@ parameters. No business logic: the views hand validated data to `jobs.services`.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
@@ -25,17 +24,15 @@ NUL_REFUSED = RegexValidator(
 
 
 def json_value_refusal(value: Any) -> str | None:
-    """Why a parsed JSON value cannot be stored (a NUL character in a string or a key, a number
-    that is not finite), or None. Walks the value without recursion: its depth is the client's."""
+    """Why a parsed JSON value cannot be stored (a NUL character in a string or a key), or None.
+    (DRF's JSONField already refuses numbers that are not finite.) Walks the value without
+    recursion: its depth is the client's."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
                 return "may not contain the NUL character (U+0000) in any string"
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return "may not contain a number that is not finite"
         elif isinstance(item, dict):
             for key, child in item.items():
                 if "\x00" in key:

@@ -23,7 +23,8 @@ from approvals.serializers import (
     QuestionSerializer,
 )
 from approvals.services import question_answer, request_client_address
-from taskplatform.api.errors import ID, RETRY_AFTER, error_responses
+from taskplatform.api.errors import RETRY_AFTER, error_responses
+from taskplatform.api.lookups import ID, UUIDLookup
 
 
 @extend_schema_view(
@@ -38,12 +39,11 @@ from taskplatform.api.errors import ID, RETRY_AFTER, error_responses
         responses={200: QuestionSerializer, **error_responses(404)},
     ),
 )
-class QuestionViewSet(viewsets.GenericViewSet):
+class QuestionViewSet(UUIDLookup, viewsets.GenericViewSet):
     """Questions: a reviewer sees those they may answer; a job's creator sees its questions;
     staff see all."""
 
     serializer_class = QuestionSerializer
-    lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> QuerySet[Question]:
         return (

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from approvals.models import Decision, Question
 from approvals.schemas import QuestionType
-from jobs.serializers import AnyJSONField, JSONObjectField, QuerySerializer, TextField
+from jobs.serializers import AnyJSONField, JSONObjectField, QuerySerializer, TextField, UUIDTextField
 
 
 class QuestionSerializer(serializers.ModelSerializer):
@@ -55,7 +55,7 @@ class QuestionListQuerySerializer(QuerySerializer):
     """The filters of `GET /api/questions/`."""
 
     status = serializers.ChoiceField(choices=Question.Status.values, required=False)
-    job = serializers.UUIDField(required=False, help_text="Only the questions of this job.")
+    job = UUIDTextField(required=False, help_text="Only the questions of this job.")
 
 
 class DecisionSerializer(serializers.ModelSerializer):

@@ -30,7 +30,8 @@ from jobs.serializers import (
     JobSubmitSerializer,
 )
 from jobs.services import job_cancel, job_retry, job_submit
-from taskplatform.api.errors import ID, RETRY_AFTER, error_responses
+from taskplatform.api.errors import RETRY_AFTER, error_responses
+from taskplatform.api.lookups import ID, UUIDLookup
 
 
 class JobKindListApi(APIView):
@@ -92,12 +93,11 @@ def jobs_filter(queryset: QuerySet[Job], filters: dict[str, Any]) -> QuerySet[Jo
         },
     ),
 )
-class JobViewSet(viewsets.GenericViewSet):
+class JobViewSet(UUIDLookup, viewsets.GenericViewSet):
     """Jobs: a caller sees the jobs they created, those with a question they may answer, and all
     of them when staff."""
 
     serializer_class = JobSerializer
-    lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> QuerySet[Job]:
         return jobs_visible_to(self.request.user)

@@ -3,6 +3,8 @@ parameters. No business logic: the views hand validated data to `jobs.services`.
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
@@ -91,6 +93,66 @@ class AnyJSONField(RequestJSONField):
     """Any JSON value: object, array, string, number, boolean or null."""
 
 
+UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+# RFC 3339 `date-time` (what the schema's `format: date-time` means), letters in either case.
+RFC3339 = re.compile(
+    r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt](?P<hour>[0-9]{2}):(?P<minute>[0-9]{2}):(?P<second>[0-9]{2})"
+    r"(?:\.(?P<fraction>[0-9]+))?(?:(?P<utc>[Zz])|(?P<sign>[+-])(?P<offset_hour>[0-9]{2}):(?P<offset_minute>[0-9]{2}))"
+)
+
+
+class WholeNumberField(serializers.IntegerField):
+    """An integer of a query string, written in ASCII digits (what the schema's `integer` says):
+    DRF's IntegerField also takes `1.0`, ` 1`, `+1`, `1_0` and the digits of other scripts."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, str) and not re.fullmatch(r"-?[0-9]+", data):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class UUIDTextField(serializers.UUIDField):
+    """A UUID in its usual text (`format: uuid`): DRF's UUIDField also takes 32 hex digits, braces
+    and URNs."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not (isinstance(data, str) and UUID_TEXT.fullmatch(data)):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
+class InstantField(serializers.DateTimeField):
+    """An RFC 3339 `date-time` of a query string, as the schema says: not the other ISO 8601
+    forms Django's parser takes (`2020-01-01`, `20200101T0000`, a space for `T`). An instant
+    outside what Python's datetime holds in UTC (`0001-01-01T00:00:00+01:00`) is taken as its
+    nearest end, which filters the same; a leap second as the next second."""
+
+    def to_internal_value(self, value: Any) -> datetime:
+        match = RFC3339.fullmatch(value) if isinstance(value, str) else None
+        try:
+            if match is None:
+                raise ValueError(value)
+            second = int(match["second"])
+            if second > 60:
+                raise ValueError(value)
+            local = datetime(
+                *(int(part) for part in match["date"].split("-")), int(match["hour"]), int(match["minute"]),
+                min(second, 59), int((match["fraction"] or "0")[:6].ljust(6, "0")),
+            )
+            offset = timedelta(hours=int(match["offset_hour"] or 0), minutes=int(match["offset_minute"] or 0))
+            if offset >= timedelta(hours=24) or int(match["offset_minute"] or 0) > 59:
+                raise ValueError(value)
+        except ValueError:
+            self.fail("invalid", format="RFC 3339, such as 2025-06-01T10:00:00Z")
+        if match["sign"] == "-":
+            offset = -offset
+        try:
+            utc = local - offset + timedelta(seconds=second - 59 if second == 60 else 0)
+        except OverflowError:
+            utc = datetime.min if offset > timedelta(0) else datetime.max
+        return utc.replace(tzinfo=UTC)
+
+
 class QuerySerializer(serializers.Serializer):
     """Validates query parameters. A parameter given empty (`?status=`) is refused like any other
     bad value, rather than read as "not given" (DRF's rule for HTML forms)."""
@@ -155,8 +217,8 @@ class JobListQuerySerializer(QuerySerializer):
 
     status = serializers.ChoiceField(choices=Job.Status.values, required=False)
     kind = TextField(required=False, max_length=100)
-    created_after = serializers.DateTimeField(required=False, help_text="Created at or after (ISO 8601).")
-    created_before = serializers.DateTimeField(required=False, help_text="Created before (ISO 8601).")
+    created_after = InstantField(required=False, help_text="Created at or after (RFC 3339).")
+    created_before = InstantField(required=False, help_text="Created before (RFC 3339).")
     ordering = serializers.ChoiceField(choices=ORDERINGS, required=False, default="-created_at")
 
 
@@ -182,10 +244,10 @@ class JobEventSerializer(serializers.ModelSerializer):
 class JobEventsQuerySerializer(QuerySerializer):
     """`?after=SEQ&limit=N` of `GET /api/jobs/{id}/events/`."""
 
-    after = serializers.IntegerField(
+    after = WholeNumberField(
         required=False, default=0, min_value=0, max_value=2**31 - 1, help_text="Only events with a greater seq."
     )
-    limit = serializers.IntegerField(
+    limit = WholeNumberField(
         required=False,
         default=EVENTS_MAX_LIMIT,
         min_value=1,

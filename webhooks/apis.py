@@ -12,7 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs.errors import PlatformError
-from taskplatform.api.errors import ID, RETRY_AFTER, error_responses
+from taskplatform.api.errors import RETRY_AFTER, error_responses
+from taskplatform.api.lookups import ID, UUIDLookup
 from webhooks.models import Webhook
 from webhooks.serializers import (
     WebhookCreatedSerializer,
@@ -72,12 +73,11 @@ def webhook_get_owned(*, user: object, webhook_id: str) -> Webhook:
         responses={204: OpenApiResponse(description="Removed."), **error_responses(404)},
     ),
 )
-class WebhookViewSet(viewsets.GenericViewSet):
+class WebhookViewSet(UUIDLookup, viewsets.GenericViewSet):
     """Outgoing webhooks for job events: `completed`, `failed`, `paused`, `cancelled`, and `question` (one of
     the job's questions opened, was asked again or was escalated)."""
 
     serializer_class = WebhookSerializer
-    lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> QuerySet[Webhook]:
         user = self.request.user

@@ -98,10 +98,6 @@ RETRY_AFTER = OpenApiParameter(
     description="Seconds to wait before the next request.",
 )
 
-# The `{id}` of a detail path: the object's primary key. Any other text answers 404, as an
-# unknown id does (the route takes any segment, so that the answer is the API's JSON 404).
-ID = OpenApiParameter("id", OpenApiTypes.UUID, location=OpenApiParameter.PATH, description="The object's id.")
-
 _DESCRIPTIONS = {
     400: "The request is invalid; `field` names the first failing field.",
     401: "No valid credentials (`Authorization: Token <key>` or a session).",

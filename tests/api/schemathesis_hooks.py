@@ -10,6 +10,7 @@ job of theirs through the platform's own service (Django, on the test database).
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -36,6 +37,7 @@ def _fresh_wake_token() -> str:
     import django
 
     django.setup()  # settings and database of the test run: the environment of this process
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Django's logging settings say INFO
     from waits.policy import WaitPolicy
     from waits.services import wait_open, wake_token
 

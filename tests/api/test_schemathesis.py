@@ -171,3 +171,4 @@ def test_schemathesis_with_every_check_and_phase_finds_nothing(api_server, monke
     run = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-20000:]
+    print(run.stdout[run.stdout.rfind("Test cases:"):])  # how many cases, the seed, the time (`pytest -s`)

@@ -60,6 +60,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's static files under the ASGI server without a separate web server.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # A method the path's view does not declare: 405 with Allow, before sessions or auth.
+    "taskplatform.methods.MethodNotAllowedMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -318,7 +320,11 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "taskplatform.api.schema.add_healthz",
+        "taskplatform.api.schema.add_job_kinds",
+        "taskplatform.api.schema.single_blank_branch",
     ],
+    # A request's string that may not be blank says `minLength: 1`.
+    "ENFORCE_NON_BLANK_FIELDS": True,
 }
 # Outgoing webhooks (the API's push side): timeout of one attempt, attempts before a delivery
 # fails for good, back-off base * 2**(attempt-1) seconds capped at max, and how often beat looks

@@ -1,11 +1,13 @@
 """Plain Django views of the jobs app."""
 
-import redis
-from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
+from django.views.decorators.http import require_safe
+
+from jobs.redis_clients import redis_client
 
 
+@require_safe
 def healthz(request):
     """200 when the database and Redis answer, 503 naming the one that does not."""
     checks = {}
@@ -16,7 +18,7 @@ def healthz(request):
     except Exception as exc:  # any failure to reach the database is a failed check
         checks["database"] = f"error: {type(exc).__name__}: {exc}"
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        client = redis_client(socket_timeout=2, socket_connect_timeout=2)
         try:
             client.ping()
         finally:

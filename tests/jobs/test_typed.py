@@ -9,10 +9,10 @@ import pytest
 from approvals.models import Question
 from approvals.schemas import APPROVAL_SCHEMA, QuestionType, approval, question_type
 from demo.kinds import BatchReviewInput, ExpenseInput, GenerateInput, ReviewInput, ReviewResult
-from jobs.openapi import to_openapi_30
 from jobs.registry import job_kind, kind_get
 from jobs.testing import run_kind
 from jobs.typed import schema_of
+from taskplatform.api.jsonschema30 import openapi_input_schema
 from tests.api.conftest import client_for
 from tests.conftest import make_user
 from tests.testkinds.kinds import Billed, Invoice, Verdict
@@ -111,19 +111,18 @@ def test_approval_models_ask_exactly_the_hand_written_schemas():
     assert Question.objects.get(job=run.job, key="approve").schema == approval()
 
 
-def test_openapi_shows_each_kinds_derived_schemas(client):
+def test_openapi_shows_each_typed_kinds_derived_schema(client):
+    """The body of `POST /api/jobs/` has one variant per kind (`taskplatform.api.schema`), whose
+    input is the kind's schema: for a typed kind, the one derived from its model."""
     document = client.get("/api/schema/", {"format": "json"}).json()
     schemas = document["components"]["schemas"]
-    review = schemas["JobInput.demo.review"]
-    assert review["properties"] == to_openapi_30(schema_of(ReviewInput))["properties"]
-    assert review["properties"]["timeout"] == {"exclusiveMinimum": True, "minimum": 0, "type": "number",
-                                               "description": "Seconds until the deadline (then the job fails).",
-                                               "title": "Timeout"}
-    assert "ReviewInput" in review["description"]
-    assert schemas["JobResult.demo.review"]["required"] == ["approved", "reviewer"]
-    assert schemas["JobInput.demo.batch_review"]["properties"]["documents"]["maxItems"] == 500
-    body = document["paths"]["/api/jobs/"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    variants = {variant["properties"]["kind"]["enum"][0]: variant["properties"]["input"]["$ref"]
-                for variant in body["allOf"][1]["oneOf"]}
-    assert variants["demo.review"] == "#/components/schemas/JobInput.demo.review"
-    assert variants["demo.sleep"] == "#/components/schemas/JobInput.demo.sleep"
+    for component, model in [("JobSubmitDemoReview", ReviewInput), ("JobSubmitDemoBatchReview", BatchReviewInput),
+                             ("JobSubmitDemoExpense", ExpenseInput), ("JobSubmitDemoGenerate", GenerateInput)]:
+        shown = {**schemas[component]["properties"]["input"]}
+        shown.pop("description")
+        assert shown == openapi_input_schema(schema_of(model)).schema, component
+    review = schemas["JobSubmitDemoReview"]["properties"]["input"]["properties"]
+    assert set(review) == {"document", "required_approvals", "timeout", "valid_for"}
+    assert review["timeout"]["exclusiveMinimum"] is True and review["timeout"]["minimum"] == 0
+    assert review["required_approvals"]["maximum"] == 5
+    assert schemas["JobSubmitDemoBatchReview"]["properties"]["input"]["properties"]["documents"]["maxItems"] == 500

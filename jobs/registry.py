@@ -159,7 +159,7 @@ def job_kind(
                 raise ValueError(f"job kind {name!r}: {what} must be a pydantic model class, not {candidate!r}")
         if model is not None and input_schema is not None:
             raise ValueError(f"job kind {name!r}: give an input model or an input_schema, not both")
-        schema = typed.schema_of(model) if model is not None else input_schema
+        schema = _kind_schema(model) if model is not None else input_schema
         schema = schema if schema is not None else dict(ANY_OBJECT)
         Draft202012Validator.check_schema(schema)  # a broken schema is the author's bug: fail at import
         _kinds[name] = JobKind(
@@ -168,7 +168,7 @@ def job_kind(
             input_schema=schema,
             input_model=model,
             result_model=output,
-            result_schema=typed.schema_of(output) if output is not None else None,
+            result_schema=_kind_schema(output) if output is not None else None,
             description=description if description is not None else (handler.__doc__ or "").strip(),
             max_attempts=max_attempts,
             allow_self_approval=allow_self_approval,
@@ -180,6 +180,14 @@ def job_kind(
         return handler
 
     return register
+
+
+def _kind_schema(model: type) -> dict:
+    """A kind's input or result schema, derived from its model. The model's class name (the
+    schema's `title`) is the author's code, not the API's: it is left out, the docstring stays."""
+    schema = typed.schema_of(model)
+    schema.pop("title", None)
+    return schema
 
 
 def _handler_models(handler: Handler) -> tuple[type | None, type | None]:

@@ -115,7 +115,7 @@ def reviewer_test_data(monkeypatch) -> dict[str, str]:
     finished job, a webhook with a delivery, one to delete, and a job parked on an outside
     service with its wake token. As the `ST_*` variables of `schemathesis.toml`."""
     # The rows are the point here, not the messages: nothing is sent to a worker or a receiver.
-    monkeypatch.setattr("jobs.services.job_dispatch", lambda *, job, countdown=None: None)
+    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda *, job, countdown=None: None)
     monkeypatch.setattr("webhooks.services._send_tasks", lambda ids: None)
     reviewer = make_user("rita")
     reviewer.groups.add(reviewers_group())

@@ -4,9 +4,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export DJANGO_SETTINGS_MODULE ?= taskplatform.settings.base
+# Every entry point (manage.py, the ASGI application, the Celery app) defaults to the production
+# settings; `make run` and `make test` opt into development and test explicitly.
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench deploy-check clean
 
 $(BIN)/.installed-run: requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,16 +19,23 @@ $(BIN)/.installed-dev: requirements.txt requirements-dev.txt $(BIN)/.installed-r
 	touch $@
 
 run: $(BIN)/.installed-run
-	$(BIN)/python -m taskplatform.supervisor
+	DJANGO_SETTINGS_MODULE=taskplatform.settings.development $(BIN)/python -m taskplatform.supervisor
 
 test: $(BIN)/.installed-dev
 	DJANGO_SETTINGS_MODULE=taskplatform.settings.test $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Django's deployment checklist under the production settings, as CI runs it. The key is a
+# throwaway: the check judges a key's strength, never its secrecy.
+deploy-check: $(BIN)/.installed-run
+	DJANGO_SETTINGS_MODULE=taskplatform.settings.production \
+	DJANGO_SECRET_KEY="$$($(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(50))')" \
+	$(BIN)/python manage.py check --deploy --fail-level WARNING
 
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
 
 bench: $(BIN)/.installed-dev
-	$(BIN)/python bench/throughput.py
+	DJANGO_SETTINGS_MODULE=taskplatform.settings.development $(BIN)/python bench/throughput.py
 
 clean:
 	rm -rf var/test.sqlite3* .pytest_cache

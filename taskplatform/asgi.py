@@ -7,7 +7,7 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.base")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.production")
 # Sync views run in threads here: share a pool of PostgreSQL connections between them
 # (see settings/base.py; no effect on SQLite). Set DATABASE_POOL=false to opt out.
 os.environ.setdefault("DATABASE_POOL", "true")

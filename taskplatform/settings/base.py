@@ -3,7 +3,11 @@
 Everything comes from the environment (django-environ); `.env.example` lists each variable.
 Without `DATABASE_URL` the platform uses a SQLite file under `var/`; without `REDIS_URL` it
 uses the embedded Redis server that `make run` and `make test` start (see
-`taskplatform.embedded_redis`). The test and production modules only override.
+`taskplatform.embedded_redis`).
+
+This module is shared, not run: a process loads `production` (the default of manage.py, the
+ASGI application and the Celery app), `development` (`make run`) or `test` (`make test`), which
+only override. Its own defaults are the safe ones: no debug, and no signing key at all.
 """
 
 from pathlib import Path
@@ -20,10 +24,9 @@ env = environ.Env()
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-DEBUG = env.bool("DJANGO_DEBUG", default=True)
-SECRET_KEY = env.str(
-    "DJANGO_SECRET_KEY", default="insecure-development-key-change-me-in-production-0123456789"
-)
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+# Signs sessions, CSRF tokens and the wake tokens: production requires it, development has its own.
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -148,7 +151,8 @@ STATIC_ROOT = VAR_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").exists() else []
 # Whitenoise finds files through the finders when collectstatic has not run (development).
 WHITENOISE_USE_FINDERS = True
-WHITENOISE_AUTOREFRESH = DEBUG
+# Re-scanning the static files on every request is for development only.
+WHITENOISE_AUTOREFRESH = False
 
 LOGIN_URL = "/admin/login/"
 

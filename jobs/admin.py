@@ -26,7 +26,7 @@ from waits.admin import WaitInline
 class JobSubmitForm(forms.Form):
     kind = forms.ChoiceField()
     input = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 6, "cols": 80, "style": "font-family: monospace"}),
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 80, "class": "json-input"}),
         initial="{}",
         help_text="The job's input as JSON; it is checked against the kind's input schema.",
     )
@@ -95,13 +95,13 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="progress")
     def progress_display(self, job: Job) -> str:
         return format_html(
-            '<progress max="1" value="{}" style="width: 20em"></progress> {} {}',
+            '<progress max="1" value="{}" class="job-progress"></progress> {} {}',
             job.progress_fraction, f"{job.progress_fraction:.0%}", job.progress_text,
         )
 
     @staticmethod
     def _json(value) -> str:
-        return format_html("<pre style='margin:0'>{}</pre>", json.dumps(value, indent=2, sort_keys=True))
+        return format_html('<pre class="json-value">{}</pre>', json.dumps(value, indent=2, sort_keys=True))
 
     @admin.display(description="input")
     def input_display(self, job: Job) -> str:

@@ -127,7 +127,7 @@ class QuestionAdmin(admin.ModelAdmin):
         if question.expires_at is None or question.status != Question.Status.OPEN:
             return "—"
         if question.expires_at <= timezone.now():
-            return format_html('<strong style="color:#ba2121">overdue by {}</strong>', timesince(question.expires_at))
+            return format_html('<strong class="overdue">overdue by {}</strong>', timesince(question.expires_at))
         return timeuntil(question.expires_at)
 
     @admin.display(description="deadline")
@@ -148,7 +148,7 @@ class QuestionAdmin(admin.ModelAdmin):
 
     @admin.display(description="answer schema")
     def schema_display(self, question: Question) -> str:
-        return format_html("<pre style='margin:0'>{}</pre>", json.dumps(question.schema, indent=2, sort_keys=True))
+        return format_html('<pre class="json-value">{}</pre>', json.dumps(question.schema, indent=2, sort_keys=True))
 
     @admin.display(description="answer")
     def answer_display(self, question: Question) -> str:

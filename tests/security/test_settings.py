@@ -39,7 +39,8 @@ def test_the_shared_base_settings_default_to_no_debug_and_no_key():
 @pytest.mark.parametrize("entry_point", ["manage.py", "taskplatform/asgi.py", "taskplatform/celery.py"])
 def test_every_entry_point_defaults_to_the_production_settings(entry_point):
     text = (BASE_DIR / entry_point).read_text()
-    defaults = re.findall(r"""os\.environ\.setdefault\(\s*["']DJANGO_SETTINGS_MODULE["']\s*,\s*["']([\w.]+)["']""", text)
+    pattern = r"""os\.environ\.setdefault\(\s*["']DJANGO_SETTINGS_MODULE["']\s*,\s*["']([\w.]+)["']"""
+    defaults = re.findall(pattern, text)
     assert defaults == ["taskplatform.settings.production"], entry_point
 
 

@@ -31,6 +31,14 @@ SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
+# Proxies in front of the platform that append to X-Forwarded-For (a load balancer, a TLS proxy):
+# the client's address (the decision ledger, the admin's login throttle) is the right-most
+# address past them (taskplatform/client_address.py). 0: the header is ignored. The older
+# APPROVALS_TRUST_X_FORWARDED_FOR=true counts as one proxy.
+TRUSTED_PROXY_COUNT = env.int(
+    "TRUSTED_PROXY_COUNT", default=1 if env.bool("APPROVALS_TRUST_X_FORWARDED_FOR", default=False) else 0
+)
+
 HOST = env.str("HOST", default="127.0.0.1")
 PORT = env.int("PORT", default=8000)
 FLOWER_PORT = env.int("FLOWER_PORT", default=5555)
@@ -356,10 +364,6 @@ CELERY_BEAT_SCHEDULE["approvals-enforce-deadlines"] = {
     "task": "approvals.enforce_deadlines",
     "schedule": APPROVALS_DEADLINE_INTERVAL,
 }
-# The decision ledger records the client's address: REMOTE_ADDR, or the first X-Forwarded-For
-# address when this says a proxy in front of the platform sets that header (else anyone could
-# write any address into the ledger).
-APPROVALS_TRUST_X_FORWARDED_FOR = env.bool("APPROVALS_TRUST_X_FORWARDED_FOR", default=False)
 # HMAC-SHA256 key of the webhooks a job kind names (`notify_webhook`) for its questions; empty:
 # those webhooks are not sent.
 APPROVALS_WEBHOOK_SECRET = env.str("APPROVALS_WEBHOOK_SECRET", default="")

@@ -20,6 +20,7 @@ from jobs.registry import kinds_all
 from jobs.services import job_cancel, job_retry, job_submit
 from ops.flower import flower_task_url, flower_tasks_url
 from taskplatform.admin_actions import admin_apply_each
+from taskplatform.json_input import json_parse
 from waits.admin import WaitInline
 
 
@@ -37,8 +38,8 @@ class JobSubmitForm(forms.Form):
 
     def clean_input(self):
         try:
-            return json.loads(self.cleaned_data["input"] or "{}")
-        except json.JSONDecodeError as exc:
+            return json_parse(self.cleaned_data["input"] or "{}")
+        except ValueError as exc:  # not JSON, or nested too deep
             raise forms.ValidationError(f"not valid JSON: {exc}") from exc
 
 

@@ -295,6 +295,15 @@ CHANNEL_LAYERS = {
     }
 }
 
+# --- Input limits ---------------------------------------------------------------------------------
+# The largest request body, in bytes: the API answers 413 past it (taskplatform/api/parsers.py, and
+# the ASGI application before reading a body whose declared length is larger), Django's forms 400.
+REQUEST_BODY_MAX_BYTES = env.int("REQUEST_BODY_MAX_BYTES", default=2_621_440)
+DATA_UPLOAD_MAX_MEMORY_SIZE = REQUEST_BODY_MAX_BYTES
+# The deepest nesting of arrays and objects accepted in JSON from outside (API bodies, the forms'
+# JSON fields): deeper is a 400, measured before parsing (taskplatform/json_input.py).
+JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=64)
+
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -304,7 +313,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["taskplatform.api.parsers.BoundedJSONParser"],
     # Every error, the platform's and DRF's own, as {"code", "detail", "field"?}.
     "EXCEPTION_HANDLER": "taskplatform.api.errors.api_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "taskplatform.api.pagination.ApiPagination",

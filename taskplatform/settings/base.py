@@ -350,6 +350,9 @@ SPECTACULAR_SETTINGS = {
 # fails for good, back-off base * 2**(attempt-1) seconds capped at max, and how often beat looks
 # for due retries.
 WEBHOOK_TIMEOUT = env.float("WEBHOOK_TIMEOUT", default=10.0)
+# The most of a receiver's answer that is read (its start is logged on the delivery); the rest is
+# never downloaded.
+WEBHOOK_RESPONSE_MAX_BYTES = env.int("WEBHOOK_RESPONSE_MAX_BYTES", default=65_536)
 WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=8)
 WEBHOOK_RETRY_BASE = env.float("WEBHOOK_RETRY_BASE", default=10.0)
 WEBHOOK_RETRY_MAX = env.float("WEBHOOK_RETRY_MAX", default=3600.0)

@@ -2,10 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 
 from jobs.sse import job_events_stream
-from jobs.views import healthz
 
 urlpatterns = [
-    path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     # Server-Sent Events, an async view: before the API's include, which would answer it otherwise.
     path("api/jobs/<str:job_id>/events/stream/", job_events_stream, name="job-events-stream"),

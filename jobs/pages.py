@@ -35,6 +35,7 @@ from approvals.services import (
 )
 from jobs.errors import JobNotFound, PlatformError
 from jobs.models import Job
+from jobs.presenters import job_error_public
 from jobs.selectors import job_get_visible, jobs_visible_to
 
 LIST_LIMIT = 200  # newest jobs on /jobs/
@@ -130,7 +131,7 @@ def panel_context(
     return {
         "job": job,
         "result_json": json.dumps(job.result, indent=2, sort_keys=True) if job.result is not None else "",
-        "error_json": json.dumps(job.error, indent=2, sort_keys=True) if job.error else "",
+        "error_json": json.dumps(job_error_public(job.error), indent=2, sort_keys=True) if job.error else "",
         "open_questions": open_questions,
         "next_url": next_url,
     }

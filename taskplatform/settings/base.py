@@ -169,7 +169,14 @@ REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="")
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# The admin's sign-in (accounts/login_throttle.py): after this many failed attempts for one
+# username from one address, or four times as many from one address for any usernames, that
+# address waits LOGIN_LOCKOUT_SECONDS (counted in Redis, so across web processes).
+LOGIN_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+LOGIN_LOCKOUT_SECONDS = env.int("LOGIN_LOCKOUT_SECONDS", default=900)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -63,7 +63,7 @@ def visit(page, url: str) -> None:
 
 
 def violations(page) -> list[str]:
-    found = list(page.evaluate("window.__cspViolations"))
+    found = list(page.evaluate("() => window.__cspViolations"))
     found += [line for line in page.console_lines if "Content Security Policy" in line]
     return found
 
@@ -81,11 +81,11 @@ def test_the_pages_work_under_the_content_security_policy(server, page, monkeypa
     page.fill("#id_password", "boss")
     page.click("input[type=submit]")
     page.wait_for_url(f"{server}/jobs/")
-    page.wait_for_function("document.getElementById('feed-connection').textContent === 'live'")
+    page.wait_for_function("() => document.getElementById('feed-connection').textContent === 'live'")
     assert violations(page) == []
 
     visit(page, f"{server}/jobs/{job.pk}/")
-    page.wait_for_function("document.getElementById('job-connection').textContent === 'live'")
+    page.wait_for_function("() => document.getElementById('job-connection').textContent === 'live'")
     assert page.locator("form.answer button.approve").count() == 1  # the answer form, for the superuser
     assert violations(page) == []
 
@@ -93,12 +93,12 @@ def test_the_pages_work_under_the_content_security_policy(server, page, monkeypa
     assert page.locator("#answer-form").count() == 1
     visit(page, f"{server}/admin/approvals/question/")
     visit(page, f"{server}/admin/jobs/job/{job.pk}/change/")
-    page.wait_for_function("document.getElementById('job-connection').textContent === 'live'")
+    page.wait_for_function("() => document.getElementById('job-connection').textContent === 'live'")
     visit(page, f"{server}/admin/")
     assert violations(page) == []
 
     visit(page, f"{server}/ops/")
-    page.wait_for_function("document.querySelectorAll('canvas').length > 0 && window.Chart !== undefined")
+    page.wait_for_function("() => document.querySelectorAll('canvas').length > 0 && window.Chart !== undefined")
     assert violations(page) == []
 
     visit(page, f"{server}/api/docs/")
@@ -108,7 +108,7 @@ def test_the_pages_work_under_the_content_security_policy(server, page, monkeypa
 
     # The job still works end to end from its page: approve, and watch it complete live.
     visit(page, f"{server}/jobs/{job.pk}/")
-    page.wait_for_function("document.getElementById('job-connection').textContent === 'live'")
+    page.wait_for_function("() => document.getElementById('job-connection').textContent === 'live'")
     page.click("form.answer button.approve")
     page.wait_for_url(f"{server}/jobs/{job.pk}/")
     assert Job.objects.get(pk=job.pk).status == Job.Status.PENDING  # resumed; its run is this process's

@@ -25,9 +25,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Dependencies first: this layer stays cached until requirements.txt changes.
-COPY requirements.txt .
-RUN pip install -r requirements.txt
+# Dependencies first: this layer stays cached until the lock changes. Only production's packages
+# (no embedded Redis, no test tools), each file checked against the hash in the lock.
+COPY requirements.lock .
+RUN pip install --require-hashes --no-deps -r requirements.lock
 
 COPY --from=source /src .
 

@@ -8,6 +8,7 @@ from functools import partial
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -151,7 +152,7 @@ class JobAdmin(admin.ModelAdmin):
     def add_view(self, request, form_url="", extra_context=None):
         """The "add" page submits a job through `job_submit` (validated like the API)."""
         if not self.has_add_permission(request):
-            return HttpResponseRedirect(reverse("admin:jobs_job_changelist"))
+            raise PermissionDenied
         form = JobSubmitForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from approvals.models import Decision, Question
+from approvals.models import COMMENT_MAX_LENGTH, Decision, Question
 from approvals.schemas import QuestionType
 from jobs.serializers import AnyJSONField, JSONObjectField, QuerySerializer, TextField, UUIDTextField
 
@@ -48,7 +48,7 @@ class AnswerSerializer(serializers.Serializer):
     """The body of `POST /api/questions/{id}/answer/`."""
 
     answer = AnyJSONField(allow_null=True, help_text="Any JSON; checked against the question's `schema`.")
-    comment = TextField(required=False, allow_blank=True, default="", max_length=10000)
+    comment = TextField(required=False, allow_blank=True, default="", max_length=COMMENT_MAX_LENGTH)
 
 
 class QuestionListQuerySerializer(QuerySerializer):

@@ -229,7 +229,7 @@ def read_dotenv(path: Path) -> dict[str, str]:
 def child_environment() -> dict[str, str]:
     """The environment every child gets: .env under ours (as the settings read it), unbuffered."""
     env = {**read_dotenv(BASE_DIR / ".env"), **os.environ}
-    env.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.base")
+    env.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.development")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

@@ -27,7 +27,7 @@ from approvals.forms import answer_form_for
 from approvals.models import Decision, Question
 from approvals.policies import policy_describe
 from approvals.rendering import answered_message, details_html
-from approvals.schemas import QuestionType, schema_summary
+from approvals.schemas import REASON_MAX_LENGTH, QuestionType, schema_summary
 from approvals.selectors import ANSWER_PERMISSION, question_decisions
 from approvals.services import NotAllowedToAnswer, question_answer, question_check_can_answer, question_link
 from approvals.services.ledger import request_client_address
@@ -37,7 +37,8 @@ from jobs.errors import PlatformError
 class QuestionActionForm(ActionForm):
     """The action bar, with the reason that bulk reject records (and bulk approve, if given)."""
 
-    reason = forms.CharField(required=False, label="Reason", widget=forms.TextInput(attrs={"size": 30}))
+    reason = forms.CharField(required=False, label="Reason", max_length=REASON_MAX_LENGTH,
+                             widget=forms.TextInput(attrs={"size": 30}))
 
 
 @admin.register(Question)
@@ -120,7 +121,7 @@ class QuestionAdmin(admin.ModelAdmin):
         if question.expires_at is None or question.status != Question.Status.OPEN:
             return "—"
         if question.expires_at <= timezone.now():
-            return format_html('<strong style="color:#ba2121">overdue by {}</strong>', timesince(question.expires_at))
+            return format_html('<strong class="overdue">overdue by {}</strong>', timesince(question.expires_at))
         return timeuntil(question.expires_at)
 
     @admin.display(description="deadline")
@@ -141,7 +142,7 @@ class QuestionAdmin(admin.ModelAdmin):
 
     @admin.display(description="answer schema")
     def schema_display(self, question: Question) -> str:
-        return format_html("<pre style='margin:0'>{}</pre>", json.dumps(question.schema, indent=2, sort_keys=True))
+        return format_html('<pre class="json-value">{}</pre>', json.dumps(question.schema, indent=2, sort_keys=True))
 
     @admin.display(description="answer")
     def answer_display(self, question: Question) -> str:

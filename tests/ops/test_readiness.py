@@ -16,8 +16,17 @@ from tests.support.processes import celery_worker, wait_until
 pytestmark = pytest.mark.django_db
 
 
+PROBE_TOKEN = "readiness-probe-token"
+
+
+@pytest.fixture(autouse=True)
+def probe_token(settings):
+    """The detail of /readyz is for staff and the METRICS_TOKEN (tests/security/test_health_detail.py)."""
+    settings.METRICS_TOKEN = PROBE_TOKEN
+
+
 def readyz(client) -> tuple[int, dict]:
-    response = client.get("/readyz")
+    response = client.get("/readyz", HTTP_AUTHORIZATION=f"Bearer {PROBE_TOKEN}")
     return response.status_code, response.json()
 
 

@@ -29,6 +29,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -46,7 +47,8 @@ logger = logging.getLogger(__name__)
 # after 3 unanswered probes. Ignored on a Unix socket (no machine can vanish there).
 LOCK_SESSION_SETTINGS = "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
 
-_lock_connection: dict[int, Any] = {}
+# This thread's connection for advisory locks, and the process that opened it.
+_lock_connection = threading.local()
 
 
 def pass_lock_key(name: str) -> int:
@@ -57,17 +59,22 @@ def pass_lock_key(name: str) -> int:
 
 
 def _postgres_lock_connection() -> Any:
-    """This process's own connection for advisory locks (a forked pool process opens its own)."""
-    pid = os.getpid()
-    wrapper = _lock_connection.get(pid)
-    if wrapper is None:
-        _lock_connection.clear()
-        wrapper = _lock_connection[pid] = connections.create_connection(DEFAULT_DB_ALIAS)
+    """This thread's own connection for advisory locks (a forked pool process opens its own)."""
+    if getattr(_lock_connection, "pid", None) != os.getpid():
+        _lock_connection.wrapper = connections.create_connection(DEFAULT_DB_ALIAS)
+        _lock_connection.pid = os.getpid()
+    wrapper = _lock_connection.wrapper
     if wrapper.connection is None:
         wrapper.ensure_connection()
         with wrapper.cursor() as cursor:
             cursor.execute(LOCK_SESSION_SETTINGS)
     return wrapper
+
+
+def pass_lock_connection_close() -> None:
+    """Close this thread's lock connection, if it has one (it holds no lock between runs)."""
+    if getattr(_lock_connection, "pid", None) == os.getpid():
+        _lock_connection.wrapper.close()
 
 
 def _try_advisory_lock(key: int) -> tuple[Any, bool]:

@@ -53,10 +53,12 @@ def child_env(**extra: str) -> dict[str, str]:
 class ManagedProcess:
     """A child process in its own process group, its output collected for assertions."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], ready_marker: str | None = None) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], ready_marker: str | None = None,
+                 cwd: Path | None = None) -> None:
         self.name = name
         self.argv = argv
         self.env = env
+        self.cwd = cwd or BASE_DIR
         self.ready_marker = ready_marker
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
@@ -67,7 +69,7 @@ class ManagedProcess:
         self._ready.clear()
         self.proc = subprocess.Popen(
             self.argv,
-            cwd=BASE_DIR,
+            cwd=self.cwd,
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

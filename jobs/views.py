@@ -2,10 +2,12 @@
 
 from django.db import connection
 from django.http import JsonResponse
+from django.views.decorators.http import require_safe
 
 from jobs.redis_clients import redis_client
 
 
+@require_safe
 def healthz(request):
     """200 when the database and Redis answer, 503 naming the one that does not."""
     checks = {}

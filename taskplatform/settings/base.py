@@ -60,6 +60,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's static files under the ASGI server without a separate web server.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # A method the path's view does not declare: 405 with Allow, before sessions or auth.
+    "taskplatform.methods.MethodNotAllowedMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -220,7 +222,17 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": CELERY_TASK_TIME_LIMIT + 600,
     "global_keyprefix": REDIS_KEY_PREFIX,
     **broker_transport_options_for(REDIS_URL),  # the master's name, with Sentinels
+    # A Redis that stops answering (a broken route, a host cut off) fails a publish in seconds
+    # instead of hanging the request that sent it: the job is committed, and the reconciler
+    # sends it again once Redis answers (tests/cluster/test_hosts.py).
+    "socket_connect_timeout": 2,
+    "socket_timeout": 5,
 }
+# A dispatch that cannot reach the broker gives up after a short retry (the default retries 3
+# times, each waiting for the connect timeout): the job stays `pending` in the database and the
+# reconciler re-sends it (JOBS_DISPATCH_GRACE).
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html#task-publish-retry-policy
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 # Keep retrying the broker on start-up (Celery 6 changes the default)...
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # ...and for as long as it takes after a connection loss (Redis restarting): by default a worker
@@ -321,7 +333,11 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "taskplatform.api.schema.add_healthz",
+        "taskplatform.api.schema.add_job_kinds",
+        "taskplatform.api.schema.single_blank_branch",
     ],
+    # A request's string that may not be blank says `minLength: 1`.
+    "ENFORCE_NON_BLANK_FIELDS": True,
 }
 # Outgoing webhooks (the API's push side): timeout of one attempt, attempts before a delivery
 # fails for good, back-off base * 2**(attempt-1) seconds capped at max, and how often beat looks
@@ -402,6 +418,8 @@ CACHES = {
         # Django's RedisCache, which also follows a master through Sentinels (jobs.redis_clients).
         "BACKEND": "jobs.redis_clients.SentinelAwareRedisCache",
         "LOCATION": REDIS_URL,
+        # The throttle lets a request through when Redis cannot be asked; these bound the asking.
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
         "KEY_PREFIX": REDIS_KEY_PREFIX,
     }
 }

@@ -22,6 +22,7 @@ from prometheus_client.exposition import choose_encoder
 
 from jobs.redis_clients import redis_client
 from ops.metrics import PlatformCollector, queue_depths, queue_names
+from ops.scheduler import scheduler_check, scheduler_seen
 from ops.workers import WorkerSeen, workers_seen
 
 
@@ -140,10 +141,12 @@ def healthz(request: HttpRequest) -> JsonResponse:
 @never_cache
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
-    """200 when the database and Redis answer and a worker that consumes the default queue wrote
-    a heartbeat in the last OPS_WORKER_STALE_AFTER seconds; 503 otherwise. Lists each check, each worker (its
-    queues, how long since it was seen and since it last took a job) and each queue (its
-    depth and how many fresh workers consume it)."""
+    """200 when the database and Redis answer, a worker that consumes the default queue wrote
+    a heartbeat in the last OPS_WORKER_STALE_AFTER seconds, and the periodic passes' scheduler
+    beats (its lease renewed within three SCHEDULER_HEARTBEAT_INTERVALs, every pass run lately:
+    `ops.scheduler`); 503 otherwise. Lists each check, each worker (its queues, how long since it
+    was seen and since it last took a job) and each queue (its depth and how many fresh workers
+    consume it)."""
     now = time.time()
     checks: dict[str, str] = {}
     try:
@@ -170,6 +173,13 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["workers"] = _workers_check(fresh, queues)
     if "workers" not in checks:
         checks["workers"] = "error: unknown (Redis did not answer)"
+    if checks["database"] == "ok":
+        try:
+            checks["scheduler"] = scheduler_check(scheduler_seen())
+        except Exception as exc:
+            checks["scheduler"] = _error(exc)
+    else:
+        checks["scheduler"] = "error: unknown (the database did not answer)"
     ready = all(value.startswith("ok") for value in checks.values())
     body = {
         "status": "ready" if ready else "unavailable",

@@ -138,6 +138,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     # Tests with a real worker process need a file both processes can open, not :memory:.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+    # SQLite creates its file but not its folder (var/ in a fresh clone): whatever names a file makes its folder.
+    for _sqlite_file in (DATABASES["default"]["NAME"], DATABASES["default"]["TEST"]["NAME"]):
+        if _sqlite_file and ":memory:" not in _sqlite_file and "mode=memory" not in _sqlite_file:
+            Path(_sqlite_file).parent.mkdir(parents=True, exist_ok=True)
 elif env.bool("DATABASE_POOL", default=False):
     # The ASGI server (taskplatform/asgi.py turns this on) runs each sync view in a thread of
     # its own, so a persistent connection per thread would leak connections until PostgreSQL
@@ -299,7 +303,16 @@ JOBS_PLATFORM_QUEUE = "platform"
 # checks, closing after an error) run around each task (taskplatform/celery.py).
 # https://docs.celeryq.dev/en/stable/django/first-steps-with-django.html
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Beat's scheduler: several `celery beat` may run, the one holding a lease in the database sends
+# (ops/scheduler.py). Its schedule lives in memory, so beat writes no file (the default
+# PersistentScheduler's shelve file needed a folder that only the embedded defaults made).
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html#beat-scheduler
+CELERY_BEAT_SCHEDULER = "ops.scheduler:LeaderScheduler"
+# The leader renews its lease every SCHEDULER_HEARTBEAT_INTERVAL seconds (its heartbeat: /readyz
+# calls the scheduler silent after three) for SCHEDULER_LEASE_SECONDS; a standby takes over once
+# it has expired, so the passes go on at most one lease after their leader died.
+SCHEDULER_HEARTBEAT_INTERVAL = env.float("SCHEDULER_HEARTBEAT_INTERVAL", default=5.0)
+SCHEDULER_LEASE_SECONDS = env.float("SCHEDULER_LEASE_SECONDS", default=15.0)
 CELERY_BEAT_SCHEDULE: dict = {
     "jobs-reconcile": {"task": "jobs.reconcile", "schedule": JOBS_RECONCILE_INTERVAL},
 }

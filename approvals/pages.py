@@ -84,6 +84,7 @@ def open_questions_section(
                 "you_approved": quorum and user.is_authenticated and question.decisions.filter(
                     round=question.round, kind=Decision.Kind.APPROVED, actor=user).exists(),
                 "then": policy_describe(question.on_timeout) if question.expires_at else "",
+                "asked_again": question.asked_again_text(),
                 "not_allowed": refusal,
                 "form": form,
                 "schema_json": json.dumps(question.schema, indent=2, sort_keys=True)

@@ -53,18 +53,29 @@ def sleep(ctx, input):
     allow_self_approval=True,
     input_schema={
         "type": "object",
-        "properties": {"document": {"type": "string"}},
+        "properties": {
+            "document": {"type": "string"},
+            "required_approvals": {"type": "integer", "minimum": 1, "maximum": 5},
+            "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "seconds until the deadline"},
+            "valid_for": {"type": "number", "exclusiveMinimum": 0,
+                          "description": "seconds an approval stays usable"},
+        },
         "required": ["document"],
         "additionalProperties": False,
     },
 )
 def review(ctx, input):
-    """Asks a reviewer to approve a document."""
+    """Asks the group `reviewers` to approve a document: `required_approvals` of them (default 1),
+    before `timeout` seconds (default: no deadline; then the job fails), an approval counting
+    for `valid_for` seconds (default: no limit)."""
     answer = ctx.ask(
         "approve",
         "Approve this document?",
         schema=APPROVAL_SCHEMA,
         details={"document": input["document"]},
+        required_approvals=input.get("required_approvals", 1),
+        timeout=input.get("timeout"),
+        valid_for=input.get("valid_for"),
     )
     question = ctx.question("approve")
     return {"approved": answer["approved"], "reviewer": question.answered_by.get_username()}

@@ -78,6 +78,14 @@ def _policy_json(policy: Any, *, schema: dict, depth: int = 0) -> dict[str, Any]
     return data
 
 
+def deadline_policy_json(policy: Any, *, schema: dict) -> dict[str, Any]:
+    """An `on_timeout` policy (`approvals.policies`) checked and turned into the JSON stored with
+    what it applies to, an escalation's assignees resolved: for questions, and for the one
+    deadline of a combined wait (`waits`). A `Default` answer must fit `schema`. Raises
+    JobFailure `invalid_question` (or `unknown_assignee`)."""
+    return _policy_json(policy, schema=schema)
+
+
 def question_policy_digest(
     *, assignees: list[str], required_approvals: int, timeout: float | None, on_timeout: dict[str, Any] | None
 ) -> str:

@@ -33,9 +33,8 @@ class WaitSerializer(serializers.ModelSerializer):
     on_timeout = JSONObjectField(read_only=True, allow_null=True,
                                  help_text="A combined wait's deadline policy (`action`: default, fail, cancel, "
                                  "escalate); null: fail.")
-    ended_by = serializers.ChoiceField(
-        choices=[("", "not ended"), *Channel.choices], read_only=True,
-        help_text="What ended it: `callback`, `check`, `person`, `deadline`, `system`; empty while active.",
+    ended_by = serializers.CharField(
+        read_only=True, help_text=f"What ended it: {', '.join(f'`{c}`' for c in Channel.values)}; empty while active.",
     )
     result = AnyJSONField(read_only=True, allow_null=True)
     error = JSONObjectField(read_only=True, allow_null=True)
@@ -57,6 +56,9 @@ class WaitDecisionSerializer(serializers.ModelSerializer):
     wait = serializers.IntegerField(source="wait_id", read_only=True)
     job = serializers.UUIDField(source="job_id", read_only=True)
     actor = serializers.CharField(source="actor_name", read_only=True, help_text="Username, or `system`.")
+    kind = serializers.CharField(read_only=True, help_text=", ".join(f"`{k}`" for k in WaitDecision.Kind.values))
+    channel = serializers.CharField(read_only=True, help_text=", ".join(f"`{c}`" for c in Channel.values))
+    via = serializers.CharField(read_only=True, help_text="Where a person acted: `admin`, `api`, `web`.")
     result = AnyJSONField(read_only=True, allow_null=True)
     detail = JSONObjectField(read_only=True)
 

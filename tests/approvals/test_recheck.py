@@ -269,3 +269,22 @@ def test_the_api_shows_the_round_and_why(desk_reviewer_api, reviewer):
     run(job)
     body = desk_reviewer_api.get(f"/api/questions/{question.pk}/").json()
     assert (body["round"], body["asked_again_because"], body["status"]) == (2, "approval_stale", "open")
+
+
+def test_the_openapi_schema_has_the_round_and_why(client):
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    question = schema["components"]["schemas"]["Question"]["properties"]
+    assert question["round"]["type"] == "integer"
+    assert question["asked_again_because"]["type"] == "string" and question["asked_again_because"].get("nullable")
+    assert "reviewer_no_longer_allowed" in question["asked_again_because"]["description"]
+    responses = schema["paths"]["/api/questions/{id}/answer/"]["post"]["responses"]
+    assert "409" in responses
+
+
+def test_demo_review_takes_the_quorum_the_deadline_and_valid_for(reviewer):
+    job, _ = job_submit(kind="demo.review", input={"document": "Q3", "required_approvals": 2, "timeout": 600,
+                                                   "valid_for": 86400})
+    job = run(job)
+    question = Question.objects.get(job=job)
+    assert (question.required_approvals, question.valid_for, question.on_timeout) == (2, 86400, {"action": "fail"})
+    assert question.expires_at is not None

@@ -312,3 +312,18 @@ def test_the_admin_wait_page_retries_and_fails(ann, superuser):
     browser.post(reverse("admin:waits_wait_act", args=[wait.pk]), {"_fail": "1", "reason": "give up"})
     assert Job.objects.get(pk=job.pk).error["code"] == "failed_by_person"
     assert WaitDecision.objects.filter(wait=wait).latest("id").via == "admin"
+
+
+def test_the_openapi_schema_has_the_waits_operations(client):
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    for action in ("provide", "retry", "fail"):
+        responses = schema["paths"][f"/api/waits/{{id}}/{action}/"]["post"]["responses"]
+        assert {"200", "400", "401", "403", "404", "409", "429"} <= set(responses), action
+    assert "get" in schema["paths"]["/api/waits/"] and "get" in schema["paths"]["/api/waits/{id}/decisions/"]
+    wait = schema["components"]["schemas"]["Wait"]["properties"]
+    assert {"person", "assignees", "deadline_at", "ended_by"} <= set(wait)
+
+
+def test_demo_generate_asks_a_person_to_stand_in_when_told(db):
+    job, _ = job_submit(kind="demo.generate", input={"prompt": "p", "delay": 1, "stand_in": True, "timeout": 60})
+    assert job.input["stand_in"] is True  # the flag is part of its input schema

@@ -288,3 +288,40 @@ def test_demo_review_takes_the_quorum_the_deadline_and_valid_for(reviewer):
     question = Question.objects.get(job=job)
     assert (question.required_approvals, question.valid_for, question.on_timeout) == (2, 86400, {"action": "fail"})
     assert question.expires_at is not None
+
+
+def test_the_reviewers_are_told_again_with_the_reason(django_capture_on_commit_callbacks, monkeypatch, reviewer):
+    from django.core import mail
+
+    from approvals.services import question_notify
+
+    reviewer.email = "reviewer@example.com"
+    reviewer.save(update_fields=["email"])
+    sent = []
+    monkeypatch.setattr("approvals.tasks.question_notification_send.delay", lambda *args: sent.append(args))
+    job, question = paused_on({"valid_for": 0.3})
+    question_answer(question_id=question.pk, user=reviewer, answer=YES)
+    time.sleep(0.5)
+    with django_capture_on_commit_callbacks(execute=True):
+        run(job)
+    assert sent[-1] == (str(question.pk), "reopened")
+    assert question_notify(question_id=question.pk, action="reopened") == 1
+    assert "asked again (round 2), because the approval of reviewer was" in mail.outbox[-1].body
+
+
+def test_the_inbox_the_question_page_and_the_job_page_say_asked_again_because(reviewer, superuser):
+    from django.test import Client
+    from django.urls import reverse
+
+    job, question = paused_on({"valid_for": 0.3})
+    question_answer(question_id=question.pk, user=reviewer, answer=YES)
+    time.sleep(0.5)
+    run(job)
+    browser = Client()
+    browser.force_login(superuser)
+    inbox = browser.get(reverse("admin:approvals_question_changelist"), {"inbox": "all"}).content.decode()
+    assert "asked again (round 2), because the answer was older than" in inbox
+    page = browser.get(reverse("admin:approvals_question_change", args=[question.pk])).content.decode()
+    assert "asked again (round 2), because the approval of reviewer was" in page
+    job_page = browser.get(reverse("jobs:job-detail", args=[job.pk])).content.decode()
+    assert 'class="asked-again"' in job_page and "Asked again (round 2), because the approval" in job_page

@@ -327,3 +327,12 @@ def test_the_openapi_schema_has_the_waits_operations(client):
 def test_demo_generate_asks_a_person_to_stand_in_when_told(db):
     job, _ = job_submit(kind="demo.generate", input={"prompt": "p", "delay": 1, "stand_in": True, "timeout": 60})
     assert job.input["stand_in"] is True  # the flag is part of its input schema
+
+
+def test_the_readme_shows_the_combined_wait_to_job_authors():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("## Waiting on external work"):].split("\n## ")[0]
+    assert "person=Person(" in section and "timeout=" in section and "on_timeout=" in section
+    assert all(channel in section for channel in ("`callback`", "`check`", "`person`", "`deadline`"))

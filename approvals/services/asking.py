@@ -271,6 +271,9 @@ def question_ask_again(
     expires_at = now + timedelta(seconds=spec["timeout"]) if spec.get("timeout") else None
     required = spec.get("required_approvals", 1)
     carried = verdict.carried[-(required - 1):] if required > 1 else []  # the freshest votes
+    for vote in verdict.carried[:len(verdict.carried) - len(carried)]:
+        verdict.dropped.append({"reviewer": vote.actor_name,
+                                "why": "not carried over: the new round needs at least one approval given now"})
     _new_round(question, because=verdict.because, required_approvals=required, expires_at=expires_at,
                on_timeout=spec.get("on_timeout"), policy_digest=spec["policy_digest"],
                valid_for=spec.get("valid_for"), now=now)

@@ -325,3 +325,15 @@ def test_the_inbox_the_question_page_and_the_job_page_say_asked_again_because(re
     assert "asked again (round 2), because the approval of reviewer was" in page
     job_page = browser.get(reverse("jobs:job-detail", args=[job.pk])).content.decode()
     assert 'class="asked-again"' in job_page and "Asked again (round 2), because the approval" in job_page
+
+
+def test_the_job_page_says_the_deadline_passed_instead_of_offering_the_form(reviewer):
+    from django.test import Client
+    from django.urls import reverse
+
+    job, question = paused_on({"timeout": 600})
+    Question.objects.filter(pk=question.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    browser = Client()
+    browser.force_login(reviewer)
+    page = browser.get(reverse("jobs:job-detail", args=[job.pk])).content.decode()
+    assert "its deadline passed at" in page and 'class="answer"' not in page

@@ -7,7 +7,7 @@ that (one address trying many names), a sign-in from that address for that name 
 is answered 429 without checking the password, until LOGIN_LOCKOUT_SECONDS after the last
 failure. A successful sign-in clears its pair. Counting by address and name, never by name alone,
 keeps a stranger from locking a real user out from elsewhere. The address is
-`jobs.client_address` (TRUSTED_PROXY_COUNT).
+`accounts.client_address` (TRUSTED_PROXY_COUNT).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from django.core.cache import cache
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from jobs.client_address import client_address
+from accounts.client_address import client_address
 
 ADDRESS_FACTOR = 4
 

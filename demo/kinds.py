@@ -9,7 +9,7 @@ from approvals.schemas import APPROVAL_SCHEMA, approval, choice, form
 from demo.services import step_run_count, step_runs
 from jobs.registry import job_kind
 from waits.gateway import service_request
-from waits.policy import CheckResult
+from waits.policy import CheckResult, Person
 
 
 @job_kind("demo.noop", input_schema={"type": "object", "additionalProperties": False})
@@ -53,18 +53,29 @@ def sleep(ctx, input):
     allow_self_approval=True,
     input_schema={
         "type": "object",
-        "properties": {"document": {"type": "string", "maxLength": 100_000}},
+        "properties": {
+            "document": {"type": "string", "maxLength": 100_000},
+            "required_approvals": {"type": "integer", "minimum": 1, "maximum": 5},
+            "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "seconds until the deadline"},
+            "valid_for": {"type": "number", "exclusiveMinimum": 0,
+                          "description": "seconds an approval stays usable"},
+        },
         "required": ["document"],
         "additionalProperties": False,
     },
 )
 def review(ctx, input):
-    """Asks a reviewer to approve a document."""
+    """Asks the group `reviewers` to approve a document: `required_approvals` of them (default 1),
+    before `timeout` seconds (default: no deadline; then the job fails), an approval counting
+    for `valid_for` seconds (default: no limit)."""
     answer = ctx.ask(
         "approve",
         "Approve this document?",
         schema=APPROVAL_SCHEMA,
         details={"document": input["document"]},
+        required_approvals=input.get("required_approvals", 1),
+        timeout=input.get("timeout"),
+        valid_for=input.get("valid_for"),
     )
     question = ctx.question("approve")
     return {"approved": answer["approved"], "reviewer": question.answered_by.get_username()}
@@ -160,17 +171,38 @@ def generation_check(external_id: str) -> CheckResult:
             "delay": {"type": "number", "minimum": 0, "maximum": 86400},
             "drop_callback": {"type": "boolean"},
             "throttle": {"type": "integer", "minimum": 0, "maximum": 1000},
+            "stand_in": {"type": "boolean", "description": "a reviewer may stand in for a lost callback"},
+            "timeout": {"type": "number", "exclusiveMinimum": 0,
+                        "description": "with stand_in: seconds until the wait fails (default: none)"},
         },
         "required": ["prompt", "delay"],
         "additionalProperties": False,
     },
 )
 def generate(ctx, input):
-    """Submits a prompt to the bundled simulated generation service and parks until it is done."""
+    """Submits a prompt to the bundled simulated generation service and parks until it is done.
+    With `stand_in`, a reviewer may also end the wait (write the text, retry the submit, or fail
+    it), whichever comes first, within `timeout` seconds when given."""
+    person = None
+    if input.get("stand_in"):
+        person = Person(
+            "The generation service may have lost this job: write the text yourself, retry the submit, or fail it.",
+            schema=GENERATED_TEXT_SCHEMA, details={"prompt": input["prompt"]},
+        )
     result = ctx.wait_for(
         "generate",
         submit=lambda token, callback_url: generation_submit(input, token, callback_url),
         check=generation_check,
         service="simulated generation",
+        person=person,
+        timeout=input.get("timeout") if person else None,
     )
     return {"text": result["text"]}
+
+
+GENERATED_TEXT_SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "minLength": 1, "maxLength": 100_000, "title": "The text"}},
+    "required": ["text"],
+    "additionalProperties": False,
+}

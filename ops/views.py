@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_safe
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
@@ -114,7 +114,7 @@ def _workers_check(fresh: list[WorkerSeen], queues: list[dict[str, Any]]) -> str
 
 
 @never_cache
-@require_GET
+@require_safe  # GET and HEAD: what a probe sends
 def healthz(request: HttpRequest) -> JsonResponse:
     """200 when the database and Redis answer, 503 (naming the one that does not, to those who
     see the detail) otherwise."""

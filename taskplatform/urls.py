@@ -14,6 +14,7 @@ urlpatterns = [
     path("api/", include("taskplatform.api.urls")),
     path("", include("ops.urls")),
     path("", include("approvals.urls")),
+    path("", include("waits.urls")),
     path("", include("jobs.urls")),
 ]
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from accounts.client_address import client_address as _client_address
 from approvals.models import Decision, Question
-from jobs.client_address import client_address as _client_address
 
 
 def decision_record(
@@ -57,6 +57,6 @@ def _valid_address(value: str | None) -> str | None:
 
 
 def request_client_address(request: HttpRequest | Any) -> str | None:
-    """The client's IP address for the ledger (see `jobs.client_address`: X-Forwarded-For
+    """The client's IP address for the ledger (see `accounts.client_address`: X-Forwarded-For
     only past TRUSTED_PROXY_COUNT proxies, read from the right)."""
     return _client_address(request)

@@ -6,12 +6,13 @@ from rest_framework.routers import SimpleRouter
 
 from approvals.apis import QuestionViewSet
 from jobs.apis import JobKindListApi, JobViewSet
-from waits.apis import WakeApi
+from waits.apis import WaitViewSet, WakeApi
 from webhooks.apis import WebhookViewSet
 
 router = SimpleRouter()
 router.register("jobs", JobViewSet, basename="job")
 router.register("questions", QuestionViewSet, basename="question")
+router.register("waits", WaitViewSet, basename="wait")
 router.register("webhooks", WebhookViewSet, basename="webhook")
 
 urlpatterns = [

@@ -34,7 +34,7 @@ CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
 # Proxies in front of the platform that append to X-Forwarded-For (a load balancer, a TLS proxy):
 # the client's address (the decision ledger, the admin's login throttle) is the right-most
-# address past them (jobs/client_address.py). 0: the header is ignored. The older
+# address past them (accounts/client_address.py). 0: the header is ignored. The older
 # APPROVALS_TRUST_X_FORWARDED_FOR=true counts as one proxy.
 TRUSTED_PROXY_COUNT = env.int(
     "TRUSTED_PROXY_COUNT", default=1 if env.bool("APPROVALS_TRUST_X_FORWARDED_FOR", default=False) else 0

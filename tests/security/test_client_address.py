@@ -8,8 +8,8 @@ import pytest
 from django.test import RequestFactory, override_settings
 from rest_framework.test import APIClient
 
+from accounts.client_address import client_address
 from approvals.services import request_client_address
-from jobs.client_address import client_address
 from tests.approvals.conftest import paused_on
 
 FORGED = "6.6.6.6"

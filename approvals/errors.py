@@ -36,3 +36,11 @@ class QuestionClosed(PlatformError):
 class NotAllowedToAnswer(PlatformError):
     code = "not_allowed"
     http_status = 403
+
+
+class QuestionExpired(PlatformError):
+    """The answer came after the question's deadline (`expires_at`), before beat applied its
+    policy: refused, and recorded in the ledger."""
+
+    code = "question_expired"
+    http_status = 409

@@ -11,11 +11,20 @@ import json
 from typing import Any
 
 from django import forms
+from django.utils.html import escape
 from django.utils.text import capfirst
 
-from approvals.models import Question
-from approvals.schemas import QuestionType, choice_options, is_flat_object, ordered_properties, question_type
+from approvals.models import COMMENT_MAX_LENGTH, Question
+from approvals.schemas import (
+    REASON_MAX_LENGTH,
+    QuestionType,
+    choice_options,
+    is_flat_object,
+    ordered_properties,
+    question_type,
+)
 from jobs.errors import PlatformError
+from jobs.json_input import json_parse
 
 TEXTAREA = {"rows": 3, "cols": 60}
 
@@ -53,7 +62,8 @@ class AnswerForm(forms.Form):
 
 
 def _comment_field() -> forms.CharField:
-    return forms.CharField(required=False, label="Comment (optional)", widget=forms.Textarea(attrs=TEXTAREA))
+    return forms.CharField(required=False, label="Comment (optional)", max_length=COMMENT_MAX_LENGTH,
+                           widget=forms.Textarea(attrs=TEXTAREA))
 
 
 def _choices(schema: dict) -> list[tuple[str, str]]:
@@ -70,7 +80,12 @@ class ApprovalAnswerForm(AnswerForm):
     def __init__(self, question: Question, data: Any = None, **kwargs: Any) -> None:
         super().__init__(question, data, **kwargs)
         self.reason_required = "then" in self.schema
-        self.fields["reason"].label = "Reason (required to reject)" if self.reason_required else "Reason (optional)"
+        reason = (self.schema.get("properties") or {}).get("reason") or {}
+        self.fields["reason"] = forms.CharField(
+            required=False, widget=forms.Textarea(attrs=TEXTAREA),
+            max_length=reason.get("maxLength", REASON_MAX_LENGTH),
+            label="Reason (required to reject)" if self.reason_required else "Reason (optional)",
+        )
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
@@ -150,7 +165,9 @@ class TextAnswerForm(AnswerForm):
 
 def _property_field(prop: dict, *, required: bool, label: str) -> forms.Field:
     """A form field for one scalar (or list-of-choices) property of a flat object schema."""
-    common: dict[str, Any] = {"required": required, "label": label, "help_text": prop.get("description", "")}
+    # Django draws help text as HTML (`|safe` in its form templates); a schema's description is
+    # text from a job, so it is escaped here.
+    common: dict[str, Any] = {"required": required, "label": label, "help_text": escape(prop.get("description", ""))}
     kind = prop.get("type")
     if kind == "array":
         return forms.MultipleChoiceField(choices=_choices(prop.get("items") or {}),
@@ -218,14 +235,14 @@ class JsonAnswerForm(AnswerForm):
         super().__init__(question, data, **kwargs)
         self.fields["answer_json"] = forms.CharField(
             label="Answer (JSON)", help_text="A JSON value matching the answer schema shown above.",
-            widget=forms.Textarea(attrs={"rows": 8, "cols": 60, "style": "font-family: monospace"}),
+            widget=forms.Textarea(attrs={"rows": 8, "cols": 60, "class": "json-input"}),
         )
         self.fields["comment"] = _comment_field()
 
     def clean_answer_json(self) -> Any:
         try:
-            return json.loads(self.cleaned_data["answer_json"])
-        except json.JSONDecodeError as exc:
+            return json_parse(self.cleaned_data["answer_json"])
+        except ValueError as exc:  # not JSON, or nested too deep
             raise forms.ValidationError(f"not valid JSON: {exc}") from exc
 
     def answer(self) -> Any:

@@ -13,6 +13,17 @@ from django.utils import timezone
 
 from jobs.models import Job
 
+# The longest comment a reviewer may leave with an answer (the API, the admin, the job page).
+COMMENT_MAX_LENGTH = 10_000
+# Why a question was asked again (`Question.asked_again_because`), in words.
+ASKED_AGAIN_REASONS = {
+    "reviewer_no_longer_allowed": "a reviewer who approved is no longer allowed to answer",
+    "policy_changed": "the job's code now asks it with other assignees, quorum or deadline",
+    "approval_stale": "the answer was older than the question's valid_for when the job used it",
+    "previous_round_cancelled": "the job was cancelled and retried",
+    "previous_round_expired": "its deadline passed and the job was retried",
+}
+
 
 class Question(models.Model):
     class Status(models.TextChoices):
@@ -52,6 +63,16 @@ class Question(models.Model):
     # 1, then +1 each time a retried job asks a cancelled or expired question again; votes count per round.
     round = models.PositiveIntegerField(default=1)
     opened_at = models.DateTimeField(default=timezone.now, help_text="When the question (last) opened.")
+    # sha256 of the policy the current round is asked under: assignees (as written), quorum, deadline
+    # and its policy (see approvals.services.asking.question_policy_digest). Blank: asked before
+    # policies had digests; such an answer is not re-checked against a policy.
+    policy_digest = models.CharField(max_length=64, blank=True, default="")
+    valid_for = models.FloatField(
+        null=True, blank=True, help_text="Seconds an answer stays usable; older when the job uses it: asked again."
+    )
+    # Why this round was opened ("" in round 1): reviewer_no_longer_allowed, policy_changed,
+    # approval_stale, previous_round_cancelled, previous_round_expired.
+    asked_again_because = models.CharField(max_length=40, blank=True, default="")
 
     class Meta:
         ordering = ["-created_at"]
@@ -84,6 +105,15 @@ class Question(models.Model):
         users = [user.get_username() for user in self.assigned_users.all()]
         groups = [f"group:{group.name}" for group in self.assigned_groups.all()]
         return sorted(users) + sorted(groups)
+
+    def asked_again_text(self) -> str:
+        """`"asked again (round 2), because …"`, or "" for a question in its first round."""
+        if not self.asked_again_because:
+            return ""
+        reopened = self.decisions.filter(round=self.round, kind=Decision.Kind.REOPENED).order_by("-id").first()
+        why = (reopened.comment if reopened is not None and reopened.comment else
+               ASKED_AGAIN_REASONS.get(self.asked_again_because, self.asked_again_because))
+        return f"asked again (round {self.round}), because {why}"
 
     def approvers(self) -> list[str]:
         """Usernames of the reviewers who approved in the current round, in the order they did."""
@@ -124,6 +154,7 @@ class Decision(models.Model):
         ESCALATED = "escalated", "escalated"
         CANCELLED = "cancelled", "cancelled"
         REOPENED = "reopened", "asked again"
+        REFUSED = "refused", "refused (came too late)"
 
     class Channel(models.TextChoices):
         ADMIN = "admin"

@@ -15,6 +15,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from approvals.forms import AnswerForm, JsonAnswerForm, answer_form_for
@@ -45,6 +46,8 @@ def answer_refusal(question: Question, user: Any) -> str | None:
         return f"this question was already answered by {by}"
     if question.status != Question.Status.OPEN:
         return f"this question is {question.status} and can no longer be answered"
+    if question.expires_at is not None and question.expires_at <= timezone.now():
+        return f"its deadline passed at {question.expires_at:%Y-%m-%d %H:%M:%S} UTC; its policy applies within moments"
     try:
         question_check_can_answer(question=question, user=user)
     except NotAllowedToAnswer as exc:
@@ -84,6 +87,7 @@ def open_questions_section(
                 "you_approved": quorum and user.is_authenticated and question.decisions.filter(
                     round=question.round, kind=Decision.Kind.APPROVED, actor=user).exists(),
                 "then": policy_describe(question.on_timeout) if question.expires_at else "",
+                "asked_again": question.asked_again_text(),
                 "not_allowed": refusal,
                 "form": form,
                 "schema_json": json.dumps(question.schema, indent=2, sort_keys=True)

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from approvals.models import Question
 from approvals.schemas import APPROVAL_SCHEMA, answer_schema
-from approvals.services import question_open, question_spec_build
+from approvals.services import question_ask_again, question_open, question_spec_build
+from approvals.services.asking import default_assignees
+from approvals.services.rechecking import answer_recheck
 from jobs import typed
 from jobs.runtime import JobFailure, PauseForResolution
 
@@ -36,6 +38,13 @@ def _pause(spec: dict[str, Any]) -> PauseForResolution:
     return PauseForResolution(spec, apply=apply)
 
 
+def _ask_again(spec: dict[str, Any], because: str) -> PauseForResolution:
+    def apply(job: Job) -> bool:  # in the transaction that pauses the job, the job's row locked first
+        return question_ask_again(job=job, key=spec["key"], spec=spec)
+
+    return PauseForResolution({**spec, "asked_again_because": because}, apply=apply)
+
+
 def ask(
     ctx: JobContext,
     key: str,
@@ -48,6 +57,7 @@ def ask(
     required_approvals: int = 1,
     timeout: float | timedelta | None = None,
     on_timeout: Any = None,
+    valid_for: float | timedelta | None = None,
 ) -> Any:
     """Ask a person; return their answer once there is one.
 
@@ -68,6 +78,15 @@ def ask(
     `invalid_question` or `unknown_assignee`. A question that was cancelled or expired is
     asked again when a person retries the job.
 
+    A stored answer is checked again each time this call is about to return it
+    (`approvals.services.rechecking`): every reviewer whose approval counts must still be
+    active and allowed to answer, the policy (`assignees`, `required_approvals`, `timeout`,
+    `on_timeout`) must be the one the answer was given under, and the answer must be younger
+    than `valid_for` (seconds or a timedelta; default: no limit). When a check fails the
+    answer is not used: the question is asked again as a new round (still-valid votes carry
+    over), the job pauses again, and the ledger says why (`reviewer_no_longer_allowed`,
+    `policy_changed`, `approval_stale`).
+
     `answer` (a pydantic model, an `Enum`, a `Literal`, …) types the answer: the schema, and so
     the admin's and the job page's form, is derived from it (unless `schema` is given too, e.g.
     a `choice(...)` with labels), and the answer comes back as an instance of it. `details`
@@ -77,24 +96,30 @@ def ask(
         schema = answer_schema(answer) if answer is not None else APPROVAL_SCHEMA
     details = typed.to_json(details) if details is not None else {}
     digest = question_digest(prompt=prompt, schema=schema, details=details)
-    question = Question.objects.filter(job_id=ctx.job_id, key=key).first()
+    question = Question.objects.select_related("job").filter(job_id=ctx.job_id, key=key).first()
     if question is not None and question.digest != digest:
         raise JobFailure(
             "question_changed",
             f"question {key!r} was asked again with a different prompt, schema or details; "
             "the stored answer was given to the old question and is not reused",
         )
-    if question is not None and question.status == Question.Status.ANSWERED:
-        return _answer_as(answer, key, question.answer)
     if question is not None and question.status == Question.Status.OPEN:
         raise _pause({"key": key, "prompt": prompt, "schema": schema, "details": details, "digest": digest})
-    # New, or cancelled/expired and asked again after a retry: check what the author passed.
-    raise _pause(
-        question_spec_build(
-            key=key, prompt=prompt, schema=schema, details=details, digest=digest, assignees=assignees,
-            required_approvals=required_approvals, timeout=timeout, on_timeout=on_timeout,
-        )
+    # Check what the author passed: to open the question, or to judge a stored answer by it.
+    spec = question_spec_build(
+        key=key, prompt=prompt, schema=schema, details=details, digest=digest, assignees=assignees,
+        required_approvals=required_approvals, timeout=timeout, on_timeout=on_timeout, valid_for=valid_for,
     )
+    if question is not None and question.status == Question.Status.ANSWERED:
+        verdict = answer_recheck(
+            question=question, policy_digest=spec["policy_digest"],
+            assignees=spec.get("assignees") or default_assignees(), valid_for=spec["valid_for"],
+        )
+        if verdict.holds:
+            return _answer_as(answer, key, question.answer)
+        raise _ask_again(spec, verdict.because)
+    # New, or cancelled/expired and asked again after a retry.
+    raise _pause(spec)
 
 
 def _answer_as(answer_type: Any, key: str, value: Any) -> Any:

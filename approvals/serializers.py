@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from approvals.models import Decision, Question
+from approvals.models import COMMENT_MAX_LENGTH, Decision, Question
 from approvals.schemas import QuestionType
 from jobs.serializers import AnyJSONField, JSONObjectField, QuerySerializer, TextField, UUIDTextField
 
@@ -28,12 +28,25 @@ class QuestionSerializer(serializers.ModelSerializer):
         read_only=True, help_text="Distinct approvals that answer the question; any rejection answers it at once."
     )
     approvals = serializers.SerializerMethodField(help_text="Approving votes so far (in this round).")
+    round = serializers.IntegerField(
+        read_only=True, help_text="1, then 2, … each time the question is asked again (its votes count per round)."
+    )
+    asked_again_because = serializers.SerializerMethodField(
+        help_text="Null in round 1; else why this round was opened: `reviewer_no_longer_allowed`, "
+        "`policy_changed`, `approval_stale` (the last round's answer failed its check when the job used it), "
+        "`previous_round_cancelled` or `previous_round_expired` (the job was retried)."
+    )
+    valid_for = serializers.FloatField(
+        read_only=True, allow_null=True,
+        help_text="Seconds an answer stays usable; an older one is not used and the question is asked again.",
+    )
 
     class Meta:
         model = Question
         fields = [
             "id", "job", "key", "prompt", "type", "schema", "details", "status", "answer", "comment", "answered_by",
-            "answered_at", "expires_at", "created_at", "assignees", "required_approvals", "approvals",
+            "answered_at", "expires_at", "created_at", "assignees", "required_approvals", "approvals", "round",
+            "asked_again_because", "valid_for",
         ]
         read_only_fields = fields
 
@@ -43,12 +56,15 @@ class QuestionSerializer(serializers.ModelSerializer):
     def get_approvals(self, question: Question) -> int:
         return question.approvals_so_far()
 
+    def get_asked_again_because(self, question: Question) -> str | None:
+        return question.asked_again_because or None
+
 
 class AnswerSerializer(serializers.Serializer):
     """The body of `POST /api/questions/{id}/answer/`."""
 
     answer = AnyJSONField(allow_null=True, help_text="Any JSON; checked against the question's `schema`.")
-    comment = TextField(required=False, allow_blank=True, default="", max_length=10000)
+    comment = TextField(required=False, allow_blank=True, default="", max_length=COMMENT_MAX_LENGTH)
 
 
 class QuestionListQuerySerializer(QuerySerializer):

@@ -19,7 +19,7 @@ from demo.services import step_run_count, step_runs
 from jobs.registry import job_kind
 from jobs.runtime import JobContext
 from waits.gateway import service_request
-from waits.policy import CheckResult
+from waits.policy import CheckResult, Person
 
 
 @job_kind("demo.noop", input_schema={"type": "object", "additionalProperties": False})
@@ -63,10 +63,10 @@ class ReviewInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    document: str
+    document: str = Field(max_length=100_000)
     required_approvals: int = Field(default=1, ge=1, le=5, description="Distinct reviewers who must approve.")
     timeout: float | None = Field(default=None, gt=0, description="Seconds until the deadline (then the job fails).")
-    valid_for: float | None = Field(default=None, gt=0, description="Seconds an approval stays valid.")
+    valid_for: float | None = Field(default=None, gt=0, description="Seconds an approval stays usable.")
 
 
 class ReviewResult(BaseModel):
@@ -77,9 +77,11 @@ class ReviewResult(BaseModel):
 # The tour signs in as `admin`, submits a review and approves it: a demo may approve itself.
 @job_kind("demo.review", allow_self_approval=True)
 def review(ctx: JobContext, input: ReviewInput) -> ReviewResult:
-    """Asks a reviewer to approve a document."""
+    """Asks the group `reviewers` to approve a document: `required_approvals` of them (default 1),
+    before `timeout` seconds (default: no deadline; then the job fails), an approval counting
+    for `valid_for` seconds (default: no limit)."""
     answer = ctx.ask("approve", "Approve this document?", answer=Approval, details={"document": input.document},
-                     required_approvals=input.required_approvals, timeout=input.timeout)
+                     required_approvals=input.required_approvals, timeout=input.timeout, valid_for=input.valid_for)
     question = ctx.question("approve")
     return ReviewResult(approved=answer.approved,
                         reviewer=question.answered_by.get_username() if question.answered_by else "system")
@@ -101,10 +103,10 @@ EXPENSE_CATEGORIES = {budget.value: label for budget, label in BUDGET_LABELS.ite
 class ExpenseInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    employee: str = Field(min_length=1)
+    employee: str = Field(min_length=1, max_length=200)
     amount: float = Field(gt=0)
     currency: str = Field(default="EUR", min_length=3, max_length=3)
-    description: str
+    description: str = Field(max_length=2000)
     approvals: int = Field(default=2, ge=1, le=5, description="Distinct reviewers who must approve.")
     deadline_seconds: float | None = Field(default=None, gt=0, description="Then the claim is rejected.")
 
@@ -163,14 +165,26 @@ def expense(ctx: JobContext, input: ExpenseInput) -> ExpenseResult:
 class GenerateInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str
+    prompt: str = Field(max_length=10_000)
     delay: float = Field(ge=0, le=86400, description="Seconds the simulated service takes.")
     drop_callback: bool = Field(default=False, description="The service never calls back (a backup check finds it).")
     throttle: int = Field(default=0, ge=0, le=1000, description="The service's first N calls answer 429.")
+    stand_in: bool = Field(default=False, description="A reviewer may stand in for a lost callback.")
+    timeout: float | None = Field(default=None, gt=0,
+                                  description="With stand_in: seconds until the wait fails (default: none).")
 
 
 class Generation(BaseModel):
     text: str
+
+
+# What a reviewer standing in for the service writes (`stand_in`): a Generation.
+GENERATED_TEXT_SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "minLength": 1, "maxLength": 100_000, "title": "The text"}},
+    "required": ["text"],
+    "additionalProperties": False,
+}
 
 
 def generation_submit(input: GenerateInput | dict, token: str, callback_url: str | None) -> str:
@@ -196,12 +210,22 @@ def generation_check(external_id: str) -> CheckResult:
 
 @job_kind("demo.generate")
 def generate(ctx: JobContext, input: GenerateInput) -> Generation:
-    """Submits a prompt to the bundled simulated generation service and parks until it is done."""
+    """Submits a prompt to the bundled simulated generation service and parks until it is done.
+    With `stand_in`, a reviewer may also end the wait (write the text, retry the submit, or fail
+    it), whichever comes first, within `timeout` seconds when given."""
+    person = None
+    if input.stand_in:
+        person = Person(
+            "The generation service may have lost this job: write the text yourself, retry the submit, or fail it.",
+            schema=GENERATED_TEXT_SCHEMA, details={"prompt": input.prompt},
+        )
     return ctx.wait_for(
         "generate",
         submit=lambda token, callback_url: generation_submit(input, token, callback_url),
         check=generation_check,
         service="simulated generation",
+        person=person,
+        timeout=input.timeout if person else None,
         result=Generation,
     )
 

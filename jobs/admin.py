@@ -8,6 +8,7 @@ from functools import partial
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -17,6 +18,7 @@ from django.utils.safestring import mark_safe
 from jobs.admin_actions import admin_apply_each
 from jobs.errors import PlatformError
 from jobs.extensions import job_admin_inlines, job_admin_links
+from jobs.json_input import json_parse
 from jobs.models import Job, JobEvent
 from jobs.registry import kinds_all
 from jobs.selectors import job_children_counts
@@ -26,7 +28,7 @@ from jobs.services import job_cancel, job_retry, job_submit
 class JobSubmitForm(forms.Form):
     kind = forms.ChoiceField()
     input = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 6, "cols": 80, "style": "font-family: monospace"}),
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 80, "class": "json-input"}),
         initial="{}",
         help_text="The job's input as JSON; it is checked against the kind's input schema.",
     )
@@ -37,8 +39,8 @@ class JobSubmitForm(forms.Form):
 
     def clean_input(self):
         try:
-            return json.loads(self.cleaned_data["input"] or "{}")
-        except json.JSONDecodeError as exc:
+            return json_parse(self.cleaned_data["input"] or "{}")
+        except ValueError as exc:  # not JSON, or nested too deep
             raise forms.ValidationError(f"not valid JSON: {exc}") from exc
 
 
@@ -96,13 +98,13 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="progress")
     def progress_display(self, job: Job) -> str:
         return format_html(
-            '<progress max="1" value="{}" style="width: 20em"></progress> {} {}',
+            '<progress max="1" value="{}" class="job-progress"></progress> {} {}',
             job.progress_fraction, f"{job.progress_fraction:.0%}", job.progress_text,
         )
 
     @staticmethod
     def _json(value) -> str:
-        return format_html("<pre style='margin:0'>{}</pre>", json.dumps(value, indent=2, sort_keys=True))
+        return format_html('<pre class="json-value">{}</pre>', json.dumps(value, indent=2, sort_keys=True))
 
     @admin.display(description="input")
     def input_display(self, job: Job) -> str:
@@ -169,7 +171,7 @@ class JobAdmin(admin.ModelAdmin):
     def add_view(self, request, form_url="", extra_context=None):
         """The "add" page submits a job through `job_submit` (validated like the API)."""
         if not self.has_add_permission(request):
-            return HttpResponseRedirect(reverse("admin:jobs_job_changelist"))
+            raise PermissionDenied
         form = JobSubmitForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:

@@ -27,3 +27,22 @@ class UUIDLookup:
         pk = kwargs.get("pk")
         if pk is not None and not UUID_TEXT.fullmatch(pk):
             raise exceptions.NotFound(f"{pk} is not an id; ids are UUIDs, such as 8c1e6a0e-3b1f-4f6e-9d2a-7a4f2b9c0d11")
+
+
+# Documents the `{id}` of a detail operation on objects numbered by the database (waits).
+# Written as digits: a path segment is text, and the server takes ASCII digits only (at most 18).
+NUMBER_ID = OpenApiParameter("id", OpenApiTypes.STR, location=OpenApiParameter.PATH, pattern="^[0-9]{1,18}$",
+                             description="The object's id: a whole number, in digits.")
+
+
+class NumberLookup:
+    """A viewset mixin, as `UUIDLookup`, for objects whose id is a whole number: any other text
+    in `{id}` is the API's JSON 404, as an unknown id is."""
+
+    lookup_value_regex = "[^/]+"
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authentication first: 401 before 404
+        pk = kwargs.get("pk")
+        if pk is not None and not (pk.isascii() and pk.isdigit() and len(pk) <= 18):
+            raise exceptions.NotFound(f"{pk} is not an id; wait ids are whole numbers, such as 42")

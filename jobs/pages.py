@@ -21,6 +21,7 @@ from django.views.decorators.http import require_GET
 from jobs.errors import JobNotFound
 from jobs.extensions import job_sections
 from jobs.models import Job
+from jobs.presenters import job_error_public
 from jobs.selectors import job_children_counts, job_get_visible, jobs_visible_to
 
 LIST_LIMIT = 200  # newest jobs on /jobs/
@@ -73,7 +74,7 @@ def panel_context(
     return {
         "job": job,
         "result_json": json.dumps(job.result, indent=2, sort_keys=True) if job.result is not None else "",
-        "error_json": json.dumps(job.error, indent=2, sort_keys=True) if job.error else "",
+        "error_json": json.dumps(job_error_public(job.error), indent=2, sort_keys=True) if job.error else "",
         "sections": sections,
         "next_url": next_url,
     }

@@ -12,6 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs.models import Job, JobEvent
+from jobs.presenters import job_error_public
 
 EVENTS_MAX_LIMIT = 1000
 
@@ -182,6 +183,9 @@ class JobProgressSerializer(serializers.Serializer):
 class JobErrorSerializer(serializers.Serializer):
     code = serializers.CharField(help_text="`exception`, `timeout`, `question_changed`, … or the job's own code.")
     message = serializers.CharField(allow_blank=True)
+
+    def to_representation(self, instance: Any) -> Any:
+        return super().to_representation(job_error_public(instance))
 
 
 class JobSerializer(serializers.ModelSerializer):

@@ -12,7 +12,7 @@ from tests.support.processes import celery_worker
 
 REVIEWER_PERMISSIONS = [
     "jobs.view_job", "jobs.view_jobevent", "approvals.view_question", "approvals.answer_question",
-    "approvals.view_decision",
+    "approvals.view_decision", "waits.view_wait", "waits.view_waitdecision",
 ]
 
 

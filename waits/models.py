@@ -8,10 +8,25 @@ retried after a transport failure hands out the same token, see `waits.services.
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import Group
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from jobs.models import Job
+
+
+class Channel(models.TextChoices):
+    """What ended a wait (or tried to): the first one wins."""
+
+    CALLBACK = "callback"  # the service called back, and the check that followed found the result
+    CHECK = "check"  # a backup check at a mark, a poll, or a check a person asked for
+    PERSON = "person"  # a person provided the result, retried the submit or failed the wait
+    DEADLINE = "deadline"  # the one deadline passed and its policy applied
+    SYSTEM = "system"  # the platform: a budget spent, a runaway loop, the job cancelled
 
 
 class Wait(models.Model):
@@ -57,6 +72,19 @@ class Wait(models.Model):
     error = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # What made the job runnable for its next look ("callback", "admin"; "" for a due mark), so that
+    # the check that finds the result can say which channel ended the wait.
+    woken_by = models.CharField(max_length=16, blank=True, default="")
+    ended_by = models.CharField(max_length=16, choices=Channel.choices, blank=True, default="")
+    ended_at = models.DateTimeField(null=True, blank=True)
+    # A combined wait (`ctx.wait_for(..., person=Person(...))`): what the person is shown and the
+    # JSON Schema of the result they may provide; null for a wait on the service alone.
+    person = models.JSONField(null=True, blank=True)
+    assigned_users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="assigned_waits")
+    assigned_groups = models.ManyToManyField(Group, blank=True, related_name="assigned_waits")
+    # What happens at `deadline_at` of a combined wait (approvals.policies.policy_to_json, with an
+    # escalation's users and groups resolved); null: fail the job with `deadline_exceeded`.
+    on_timeout = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -72,6 +100,11 @@ class Wait(models.Model):
             models.Index(
                 fields=["next_due_at"], condition=Q(state__in=["submitting", "waiting"]), name="wait_active_due"
             ),
+            # beat's other question: which combined waits are past their one deadline?
+            models.Index(
+                fields=["deadline_at"], condition=Q(state__in=["submitting", "waiting"], person__isnull=False),
+                name="wait_person_deadline",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -80,3 +113,85 @@ class Wait(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in self.ACTIVE
+
+    @property
+    def has_person(self) -> bool:
+        return self.person is not None
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema of a result a person provides (what `approvals.forms` draws a form from)."""
+        return (self.person or {}).get("schema") or {}
+
+    def assignee_names(self) -> list[str]:
+        """`["alice", "group:ops"]`: who may act for the person channel."""
+        users = [user.get_username() for user in self.assigned_users.all()]
+        groups = [f"group:{group.name}" for group in self.assigned_groups.all()]
+        return sorted(users) + sorted(groups)
+
+
+class AppendOnly(Exception):
+    """A row of the waits' ledger was about to be changed or deleted: the ledger only grows."""
+
+
+class WaitDecisionQuerySet(models.QuerySet):
+    def update(self, **kwargs: Any) -> int:
+        raise AppendOnly("wait decisions are never updated")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise AppendOnly("wait decisions are never deleted")
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> int:
+        raise AppendOnly("wait decisions are never updated")
+
+
+class WaitDecision(models.Model):
+    """One row of a wait's ledger: what ended it (a result found after a callback or a check, a
+    person's result, retry or failure, the deadline's policy, the job cancelled), an escalation,
+    or a person's action refused because something else came first. Never updated, never
+    deleted (the model refuses and, on PostgreSQL, a trigger refuses too)."""
+
+    class Kind(models.TextChoices):
+        SUCCEEDED = "succeeded", "succeeded (the service's result)"
+        PROVIDED = "provided", "result provided by a person"
+        RETRIED = "retried", "submit retried by a person"
+        FAILED = "failed"
+        DEFAULTED = "defaulted", "default result (deadline)"
+        ESCALATED = "escalated"
+        CANCELLED = "cancelled"
+        REFUSED = "refused", "refused (something else came first)"
+
+    Channel = Channel
+
+    id = models.BigAutoField(primary_key=True)
+    wait = models.ForeignKey(Wait, on_delete=models.PROTECT, related_name="decisions")
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="wait_decisions")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    channel = models.CharField(max_length=16, choices=Channel.choices)
+    # For a person: where they acted (admin, api, web).
+    via = models.CharField(max_length=16, blank=True, default="")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                              related_name="wait_decisions")
+    actor_name = models.CharField(max_length=150, help_text="The actor's username then, or 'system'.")
+    result = models.JSONField(null=True, blank=True)
+    comment = models.TextField(blank=True, default="")
+    client_address = models.GenericIPAddressField(null=True, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    objects = WaitDecisionQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["wait", "created_at"], name="waitdecision_wait_created")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} by {self.channel} ({self.actor_name})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise AppendOnly("wait decisions are never updated")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AppendOnly("wait decisions are never deleted")

@@ -97,3 +97,22 @@ class WaitPolicy:
     def deadline(self) -> float:
         """Seconds after acceptance at which a still-pending wait fails."""
         return self.marks[-1] if self.callback else self.max_duration
+
+
+@dataclass(frozen=True)
+class Person:
+    """A person who may stand in for the service in a combined wait:
+    `ctx.wait_for(..., person=Person(prompt, schema=...), timeout=..., on_timeout=...)`.
+
+    While the job is parked on the wait, one of the `assignees` (usernames and `"group:name"`s;
+    default APPROVALS_DEFAULT_ASSIGNEES, the group `reviewers`; the same rule as questions: the
+    `approvals.answer_question` permission, no self-approval unless the kind allows it) may,
+    in the admin, on the job's page or through the API: provide the result (validated against
+    `schema`, a JSON Schema), retry the submit (a new token, the marks start again), or fail
+    the wait with a reason. `prompt` and `details` say what they are standing in for.
+    """
+
+    prompt: str
+    schema: dict[str, Any]
+    details: Any = None
+    assignees: str | list[str] | None = None

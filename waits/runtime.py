@@ -3,7 +3,8 @@
 One call of `wait_for` does one step of the wait and then either returns the result or stops
 the run (`ParkForWait`, or `JobFailure` with the wait's error code). The handler runs again from
 the top when the job is woken (by the callback, a backup mark, a poll or a person), reaches the
-same `wait_for` and takes the next step:
+same `wait_for` and takes the next step (a wait that a person or its deadline ended returns what
+they gave at once; see `waits.people`):
 
     submitting --accepted--> waiting --check: pending--> waiting ... --check: succeeded--> result
         |  429 / transport fault: park until Retry-After / back-off, same token next time
@@ -22,8 +23,9 @@ from django.utils import timezone
 from jobs import typed
 from jobs.runtime import JobFailure, ParkForWait
 from jobs.timestamps import iso_utc
-from waits.models import Wait
-from waits.policy import CheckResult, Throttled, TransportError, WaitPolicy
+from waits.models import Channel, Wait, WaitDecision
+from waits.people import person_spec_build
+from waits.policy import CheckResult, Person, Throttled, TransportError, WaitPolicy
 from waits.services import (
     Event,
     wait_execution_begin,
@@ -44,7 +46,8 @@ Check = Callable[[str], CheckResult]
 
 
 def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy: WaitPolicy | None = None,
-             service: str = "", result: Any = None) -> Any:
+             service: str = "", person: Person | None = None, timeout: float | timedelta | None = None,
+             on_timeout: Any = None, result: Any = None) -> Any:
     """`ctx.wait_for`: hand work to an outside service and return its result, without holding a
     worker.
 
@@ -64,12 +67,24 @@ def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy:
     `gateway_unavailable`, `wait_backstop`) or parks again. `key` names the wait within the
     job and must be stable across runs. See `waits.policy.WaitPolicy` for the knobs.
 
+    **The combined wait**: with `person=waits.policy.Person(prompt, schema=...)` a person may
+    also end the wait while the job is parked on it (provide the result, validated against
+    `schema`; retry the submit; fail the wait with a reason), in the admin, on the job's page
+    or through the API. Then `timeout` (seconds or a timedelta from the first call; default
+    none) is the one deadline of it all, with `on_timeout` as for questions
+    (`approvals.policies`: `Default(result)`, `Fail()` (the default: `deadline_exceeded`),
+    `Cancel()`, `Escalate(to=..., timeout=...)`), and the marks stay backup checks: pending
+    at the last one, the wait goes on until the callback, a person or the deadline. Whichever
+    comes first ends it, exactly once, with a row in the wait's ledger naming its channel
+    (`callback`, `check`, `person`, `deadline`). See `waits.people`.
+
     `result` (a pydantic model or another type) types the outcome: `check` may return
     `CheckResult.succeeded(instance)`, it is stored as JSON, and this call returns an instance.
     """
     ctx.flush()  # a held progress report goes first
     policy = policy or WaitPolicy()
-    wait = wait_open(job_id=ctx.job_id, key=key, service=service, policy=policy)
+    spec = person_spec_build(key=key, person=person, timeout=timeout, on_timeout=on_timeout)
+    wait = wait_open(job_id=ctx.job_id, key=key, service=service, policy=policy, person=spec)
     if wait.state == Wait.State.SUCCEEDED:
         return _result_as(result, key, wait.result)
     wait = wait_execution_begin(wait_id=wait.pk)
@@ -105,8 +120,10 @@ def _submit(ctx: JobContext, wait: Wait, policy: WaitPolicy, submit: Submit) -> 
     first = policy.marks[0] if policy.callback else policy.min_interval
     fields = {
         "state": Wait.State.WAITING, "external_id": str(external_id), "accepted_at": now, "transport_failures": 0,
-        "next_due_at": now + timedelta(seconds=first), "deadline_at": now + timedelta(seconds=policy.deadline),
+        "next_due_at": now + timedelta(seconds=first),
     }
+    if not wait.has_person:  # a combined wait keeps its one deadline, from its first call
+        fields["deadline_at"] = now + timedelta(seconds=policy.deadline)
     _park(ctx, wait, fields, "accepted", {"external_id": str(external_id)})
 
 
@@ -123,35 +140,43 @@ def _check(ctx: JobContext, wait: Wait, policy: WaitPolicy, check: Check) -> Any
     checks = wait.checks + 1
     fields: dict[str, Any] = {"checks": checks, "transport_failures": 0, "last_checked_at": now}
     checked: Event = ("checked", {"outcome": outcome.state, "checks": checks})
+    # What ended it, if this look does: the callback that woke this run, or a check of our own.
+    channel = Channel.CALLBACK if wait.woken_by == "callback" else Channel.CHECK
     if outcome.state == "succeeded":
         value = typed.to_json(outcome.result)  # a model from check() is stored as JSON
-        fields.update(state=Wait.State.SUCCEEDED, result=value, next_due_at=None)
-        done: Event = ("done", {"checks": checks, "executions": wait.executions})
-        wait_update(wait=wait, fields=fields, events=[checked, done], run_attempt=ctx.attempt)
+        fields.update(state=Wait.State.SUCCEEDED, result=value, next_due_at=None, ended_by=channel, ended_at=now)
+        done: Event = ("done", {"checks": checks, "executions": wait.executions, "by": channel})
+        wait_update(wait=wait, fields=fields, events=[checked, done], run_attempt=ctx.attempt,
+                    decision={"kind": WaitDecision.Kind.SUCCEEDED, "channel": channel, "result": value,
+                              "detail": {"checks": checks, "external_id": wait.external_id}})
         return value
     if outcome.state == "failed":
         _fail(ctx, wait, "external_failed", f"{wait.service or 'the service'} failed: {outcome.reason}",
-              fields, [checked])
+              fields, [checked], channel=channel)
     if outcome.progress is not None:
         ctx.progress(outcome.progress, outcome.text)
-    if wait.deadline_at is not None and now >= wait.deadline_at:
+    if not wait.has_person and wait.deadline_at is not None and now >= wait.deadline_at:
         _fail(ctx, wait, "deadline_exceeded",
               f"{wait.service or 'the external work'} was still pending {policy.deadline:g}s after it was accepted",
-              fields, [checked])
+              fields, [checked], channel=Channel.DEADLINE)
     fields["next_due_at"] = _next_look(wait, policy, now, checks)
     _park(ctx, wait, fields, "pending", {}, events=[checked])
 
 
-def _next_look(wait: Wait, policy: WaitPolicy, now: datetime, checks: int) -> datetime:
-    """The next backup mark after now (callback mode), or the next poll (polling mode)."""
-    deadline = wait.deadline_at or now
+def _next_look(wait: Wait, policy: WaitPolicy, now: datetime, checks: int) -> datetime | None:
+    """The next backup mark after now (callback mode), or the next poll (polling mode). None for
+    a combined wait past its last mark (or its polling time): from then on the callback, a
+    person or its deadline ends it."""
+    accepted = wait.accepted_at or now
+    deadline = accepted + timedelta(seconds=policy.deadline) if wait.has_person else (wait.deadline_at or now)
     if policy.callback:
-        accepted = wait.accepted_at or now
         for mark in policy.marks:
             due = accepted + timedelta(seconds=mark)
             if due > now:
                 return due
-        return deadline
+        return None if wait.has_person else deadline
+    if wait.has_person and now >= deadline:
+        return None
     interval = min(policy.max_interval, policy.min_interval * policy.factor ** checks)
     return min(now + timedelta(seconds=interval), deadline)
 
@@ -201,7 +226,7 @@ def _park(ctx: JobContext, wait: Wait, fields: dict[str, Any], reason: str, deta
 
 
 def _fail(ctx: JobContext, wait: Wait, code: str, message: str, fields: dict[str, Any] | None = None,
-          events: list[Event] | None = None) -> NoReturn:
+          events: list[Event] | None = None, channel: str = Channel.SYSTEM) -> NoReturn:
     record = partial(wait_fail_apply, wait=wait, code=code, message=message, fields=fields or {},
-                     events=events or [], run_attempt=ctx.attempt)
+                     events=events or [], run_attempt=ctx.attempt, channel=channel)
     raise JobFailure(code, message, record=record)

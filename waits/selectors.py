@@ -1,12 +1,16 @@
-"""Reads of waits: the due ones."""
+"""Reads of waits: the due ones, and who may see or act on which."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
 from jobs.models import Job
+from jobs.selectors import jobs_visible_to
+from waits.errors import WaitNotFound
 from waits.models import Wait
 
 
@@ -19,3 +23,37 @@ def waits_due(*, limit: int = 500) -> list[tuple[int, Any, str]]:
         .order_by("next_due_at")
         .values_list("pk", "job_id", "key")[:limit]
     )
+
+
+def waits_actable_by(user: Any) -> QuerySet[Wait]:
+    """Combined waits `user` may act on (whatever their state): the rule of
+    `waits.people.wait_check_can_act`, as a query (as `approvals.selectors.questions_answerable_by`
+    is for questions)."""
+    if user is None or not user.is_authenticated or not user.is_active or not user.has_perm(ANSWER_PERMISSION):
+        return Wait.objects.none()
+    waits = Wait.objects.filter(person__isnull=False)
+    if not user.is_superuser:
+        by_user = Wait.assigned_users.through.objects.filter(wait_id=OuterRef("pk"), user_id=user.pk)
+        by_group = Wait.assigned_groups.through.objects.filter(wait_id=OuterRef("pk"), group__user=user)
+        waits = waits.filter(Exists(by_user) | Exists(by_group))
+    return waits.filter(
+        Q(job__owner__isnull=True) | ~Q(job__owner=user) | Q(job__kind__in=kinds_allowing_self_approval())
+    )
+
+
+def waits_visible_to(user: Any) -> QuerySet[Wait]:
+    """Waits `user` may see: those of the jobs they may see (`jobs.selectors.jobs_visible_to`,
+    which counts the combined waits they may act on)."""
+    return Wait.objects.filter(job__in=jobs_visible_to(user).values("pk"))
+
+
+def wait_get_visible(*, user: Any, wait_id: Any) -> Wait:
+    """The wait `wait_id` if `user` may see it; WaitNotFound otherwise (as if it did not exist)."""
+    try:
+        pk = int(wait_id)
+    except (ValueError, TypeError):
+        pk = 0
+    wait = waits_visible_to(user).select_related("job").filter(pk=pk).first() if 0 < pk < 2**63 else None
+    if wait is None:
+        raise WaitNotFound(f"wait {wait_id} does not exist")
+    return wait

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -24,7 +25,8 @@ from jobs.events import event_append
 from jobs.models import Job
 from jobs.services import job_cancel, job_wake
 from waits.errors import WaitNotActive, WakeTokenInvalid
-from waits.models import Wait
+from waits.ledger import wait_decision_record
+from waits.models import Wait, WaitDecision
 from waits.policy import WaitPolicy
 from waits.selectors import waits_due
 
@@ -55,55 +57,92 @@ def wake_url(token: str) -> str:
     return settings.PUBLIC_URL + reverse("wait-wake", args=[token])
 
 
-def _fresh_token_fields() -> dict[str, Any]:
+def token_fields_fresh() -> dict[str, Any]:
+    """A new salt, and the hash of the token it makes: a wait's token, minted or minted again."""
     salt = secrets.token_hex(16)
     return {"token_salt": salt, "token_hash": wake_token_hash(wake_token(salt)), "token_used_at": None}
 
 
 # -- what a run does --------------------------------------------------------------------------
-def wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy) -> Wait:
+def wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy,
+              person: dict[str, Any] | None = None) -> Wait:
     """The job's wait `key`, created (with its token minted) on first use.
 
-    A wait that failed or was cancelled starts again from scratch with a new token: the job is
-    being run again because a person retried it.
+    `person` (from `waits.people.person_spec_build`) makes it a combined wait: what a person is
+    shown, who may act, and the one deadline (`timeout` seconds from now) with its policy.
+    A wait that failed or was cancelled starts again from scratch with a new token and a fresh
+    deadline: the job is being run again because a person retried it.
     """
     wait = Wait.objects.filter(job_id=job_id, key=key).first()
     mode = Wait.Mode.CALLBACK if policy.callback else Wait.Mode.POLL
     if wait is None:
         try:
             with transaction.atomic():
-                return Wait.objects.create(
+                wait = Wait.objects.create(
                     job_id=job_id, key=key, service=service, mode=mode, policy=policy.as_dict(),
-                    **_fresh_token_fields(),
+                    **token_fields_fresh(), **_person_fields(person),
                 )
+                _person_assign(wait, person)
+                return wait
         except IntegrityError:  # a duplicate delivery of the same run raced us to it
             return Wait.objects.get(job_id=job_id, key=key)
     if wait.state in (Wait.State.FAILED, Wait.State.CANCELLED):
         fields = {
-            **_fresh_token_fields(), "state": Wait.State.SUBMITTING, "service": service, "mode": mode,
+            **token_fields_fresh(), "state": Wait.State.SUBMITTING, "service": service, "mode": mode,
             "policy": policy.as_dict(), "external_id": "", "woken_at": None, "checks": 0, "throttle_bounces": 0,
             "transport_failures": 0, "transport_failures_total": 0, "executions": 0, "accepted_at": None,
             "next_due_at": None, "deadline_at": None, "last_checked_at": None, "result": None, "error": None,
+            "woken_by": "", "ended_by": "", "ended_at": None, **_person_fields(person),
             "updated_at": timezone.now(),
         }
-        Wait.objects.filter(pk=wait.pk).update(**fields)
+        with transaction.atomic():
+            Wait.objects.filter(pk=wait.pk).update(**fields)
+            _person_assign(wait, person)
         wait.refresh_from_db()
     return wait
 
 
+def _person_fields(person: dict[str, Any] | None) -> dict[str, Any]:
+    if person is None:
+        return {"person": None, "on_timeout": None}
+    timeout = person.get("timeout")
+    return {
+        "person": person["person"], "on_timeout": person.get("on_timeout"),
+        "deadline_at": timezone.now() + timedelta(seconds=timeout) if timeout else None,
+    }
+
+
+def _person_assign(wait: Wait, person: dict[str, Any] | None) -> None:
+    assignees = (person or {}).get("assignees") or {}
+    wait.assigned_users.set(assignees.get("users") or [])
+    wait.assigned_groups.set(assignees.get("groups") or [])
+
+
 def wait_execution_begin(*, wait_id: int) -> Wait:
-    """Count one more run through the wait and consume a pending wake (this run will look)."""
-    Wait.objects.filter(pk=wait_id).update(executions=F("executions") + 1, woken_at=None, updated_at=timezone.now())
-    return Wait.objects.get(pk=wait_id)
+    """Count one more run through the wait and consume a pending wake (this run will look). The
+    returned wait's `woken_by` says what woke this run ("callback", "admin", "person"; "" for a
+    due mark or the first run), so that the check can say which channel ended it."""
+    with transaction.atomic():  # the wait's row alone: this run holds no other lock meanwhile
+        woken_by = Wait.objects.select_for_update().filter(pk=wait_id).values_list("woken_by", flat=True).get()
+        Wait.objects.filter(pk=wait_id).update(executions=F("executions") + 1, woken_at=None, woken_by="",
+                                               updated_at=timezone.now())
+    wait = Wait.objects.get(pk=wait_id)
+    wait.woken_by = woken_by
+    return wait
 
 
-def wait_update(*, wait: Wait, fields: dict[str, Any], events: list[Event], run_attempt: int) -> None:
-    """Write `fields` of the wait and its `wait` events in one transaction, fenced to the run."""
+def wait_update(*, wait: Wait, fields: dict[str, Any], events: list[Event], run_attempt: int,
+                decision: dict[str, Any] | None = None) -> None:
+    """Write `fields` of the wait and its `wait` events in one transaction, fenced to the run
+    (the first event takes the job's row lock), with `decision` (the keyword arguments of
+    `wait_decision_record`) as a row of the wait's ledger when the run ends the wait."""
     with transaction.atomic():
         for status, message in events:
             event_append(job_id=wait.job_id, type="wait", step=wait.key, status=status, message=message,
                          run_attempt=run_attempt)
         Wait.objects.filter(pk=wait.pk).update(**fields, updated_at=timezone.now())
+        if decision is not None:
+            wait_decision_record(wait=wait, **decision)
 
 
 def wait_park_apply(*, wait: Wait, fields: dict[str, Any], events: list[Event], run_attempt: int) -> bool:
@@ -120,19 +159,23 @@ def wait_park_apply(*, wait: Wait, fields: dict[str, Any], events: list[Event], 
 
 
 def wait_fail_apply(*, wait: Wait, code: str, message: str, fields: dict[str, Any], events: list[Event],
-                    run_attempt: int) -> None:
-    """Mark the wait failed (called by `jobs.services.job_fail`, in the job's failing transaction)."""
+                    run_attempt: int, channel: str = "system") -> None:
+    """Mark the wait failed (called by `jobs.services.job_fail`, in the job's failing transaction);
+    `channel` is what ended it (`check`: the service said it failed; `deadline`: still pending at
+    the last mark; `system`: a budget spent)."""
     fields = {**fields, "state": Wait.State.FAILED, "error": {"code": code, "message": message},
-              "next_due_at": None}
-    events = [*events, ("failed", {"code": code, "message": message})]
-    wait_update(wait=wait, fields=fields, events=events, run_attempt=run_attempt)
+              "next_due_at": None, "ended_by": channel, "ended_at": timezone.now()}
+    events = [*events, ("failed", {"code": code, "message": message, "by": channel})]
+    wait_update(wait=wait, fields=fields, events=events, run_attempt=run_attempt,
+                decision={"kind": WaitDecision.Kind.FAILED, "channel": channel, "comment": message,
+                          "detail": {"code": code}})
 
 
 # -- what wakes a wait ------------------------------------------------------------------------
 def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None) -> None:
-    """Caller holds the wait's row lock inside a transaction."""
+    """Caller holds the job's row lock, then the wait's, inside a transaction."""
     now = timezone.now()
-    Wait.objects.filter(pk=wait.pk).update(woken_at=now, next_due_at=now, updated_at=now)
+    Wait.objects.filter(pk=wait.pk).update(woken_at=now, woken_by=by, next_due_at=now, updated_at=now)
     event_append(job_id=wait.job_id, type="wait", step=wait.key, status="woken", message={"by": by, **(message or {})})
     try:
         job_wake(job_id=wait.job_id, reason={"wait": wait.key, "by": by})
@@ -150,7 +193,10 @@ def wake_token_redeem(*, token: str) -> Wait:
     (the same for an unknown, used or expired token).
     """
     digest = wake_token_hash(token)
+    job_id = Wait.objects.filter(token_hash=digest).values_list("job_id", flat=True).first()
     with transaction.atomic():
+        if job_id is not None:  # the job's row first, as every path that wakes or ends a wait
+            Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True).first()
         wait = (
             Wait.objects.select_for_update(of=("self",)).select_related("job").filter(token_hash=digest).first()
         )
@@ -162,6 +208,9 @@ def wake_token_redeem(*, token: str) -> Wait:
             and wait.job.status not in Job.TERMINAL
         )
         if not usable:
+            if wait is not None and wait.ended_by and hmac.compare_digest(wait.token_hash, digest):
+                # The caller holds the real token: tell it what came first.
+                raise WakeTokenInvalid(f"this wait already ended: {wait_ended_text(wait)}")
             raise WakeTokenInvalid("unknown, used or expired wake token")
         Wait.objects.filter(pk=wait.pk).update(token_used_at=timezone.now())
         _wake(wait=wait, by="callback")
@@ -185,7 +234,9 @@ def waits_resume_due(*, limit: int = 500) -> int:
 
 def wait_check_now(*, wait_id: int, actor: Any = None) -> Wait:
     """A person asks for a look now (from the admin): the wait is due at once and its job resumes."""
+    job_id = Wait.objects.filter(pk=wait_id).values_list("job_id", flat=True).first()
     with transaction.atomic():
+        Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True).first()  # the job first
         wait = Wait.objects.select_for_update().filter(pk=wait_id).first()
         if wait is None or not wait.is_active:
             raise WaitNotActive(f"wait {wait_id} has finished; there is nothing to check")
@@ -211,11 +262,34 @@ def waits_cancel_for_job(*, job: Any, actor: Any = None) -> int:
     """
     closed = 0
     for wait in Wait.objects.select_for_update().filter(job_id=job.pk, state__in=Wait.ACTIVE):
+        now = timezone.now()
+        by = getattr(actor, "username", None) or "the system"
         Wait.objects.filter(pk=wait.pk).update(
-            state=Wait.State.CANCELLED, next_due_at=None, updated_at=timezone.now(),
-            error={"code": "cancelled", "message": f"cancelled by {getattr(actor, 'username', None) or 'the system'}"},
+            state=Wait.State.CANCELLED, next_due_at=None, updated_at=now, ended_by=WaitDecision.Channel.SYSTEM,
+            ended_at=now, error={"code": "cancelled", "message": f"cancelled by {by}"},
         )
         event_append(job_id=job.pk, type="wait", step=wait.key, status="failed",
                      message={"code": "cancelled", "by": getattr(actor, "username", None)})
+        wait_decision_record(wait=wait, kind=WaitDecision.Kind.CANCELLED, channel=WaitDecision.Channel.SYSTEM,
+                             actor=actor, comment="the job was cancelled")
         closed += 1
     return closed
+
+
+def wait_ended_text(wait: Wait) -> str:
+    """What ended `wait`, in words: for the loser of a race."""
+    row = wait.decisions.exclude(kind=WaitDecision.Kind.REFUSED).order_by("-id").first()
+    when = f" at {wait.ended_at:%Y-%m-%d %H:%M:%S} UTC" if wait.ended_at else ""
+    if row is None:
+        return f"{wait.state} ({wait.ended_by or 'system'}){when}"
+    if row.channel == WaitDecision.Channel.PERSON:
+        what = {"provided": "provided the result", "failed": "failed it"}.get(row.kind, row.kind)
+        return f"{row.actor_name} {what}{when}"
+    if row.channel == WaitDecision.Channel.CALLBACK:
+        return f"the service called back and its result was collected{when}"
+    if row.channel == WaitDecision.Channel.CHECK:
+        return f"a check found the service's result{when}" if row.kind == "succeeded" else \
+            f"a check found the service failed{when}"
+    if row.channel == WaitDecision.Channel.DEADLINE:
+        return f"its deadline passed ({row.kind}){when}"
+    return f"{row.kind} ({row.comment or row.channel}){when}"

@@ -24,10 +24,10 @@ from django.utils.timesince import timesince, timeuntil
 from approvals.admin.decisions import csv_filename, decisions_csv
 from approvals.admin.filters import AssigneeFilter, DeadlineFilter, InboxFilter
 from approvals.forms import answer_form_for
-from approvals.models import Decision, Question
+from approvals.models import ASKED_AGAIN_REASONS, Decision, Question
 from approvals.policies import policy_describe
 from approvals.rendering import answered_message, details_html
-from approvals.schemas import QuestionType, schema_summary
+from approvals.schemas import REASON_MAX_LENGTH, QuestionType, schema_summary
 from approvals.selectors import ANSWER_PERMISSION, question_decisions
 from approvals.services import NotAllowedToAnswer, question_answer, question_check_can_answer, question_link
 from approvals.services.ledger import request_client_address
@@ -37,7 +37,8 @@ from jobs.errors import PlatformError
 class QuestionActionForm(ActionForm):
     """The action bar, with the reason that bulk reject records (and bulk approve, if given)."""
 
-    reason = forms.CharField(required=False, label="Reason", widget=forms.TextInput(attrs={"size": 30}))
+    reason = forms.CharField(required=False, label="Reason", max_length=REASON_MAX_LENGTH,
+                             widget=forms.TextInput(attrs={"size": 30}))
 
 
 @admin.register(Question)
@@ -59,14 +60,19 @@ class QuestionAdmin(admin.ModelAdmin):
     readonly_fields = (
         "id", "prompt", "details_display", "asks", "job_link", "key", "status", "deep_link", "assignees",
         "approvals", "deadline", "answer_display", "comment", "answered_by", "answered_at", "schema_display",
-        "digest", "round", "opened_at", "created_at",
+        "digest", "round", "opened_at", "created_at", "asked_again",
     )
     change_form_template = "admin/approvals/question/change_form.html"
 
     def get_fieldsets(self, request: HttpRequest, obj: Question | None = None) -> Any:
+        fieldsets = list(self.fieldsets)
+        if obj is not None and obj.asked_again_because:  # round 2 or later: say why, above everything
+            first = dict(fieldsets[0][1])
+            first["fields"] = (*first["fields"][:6], "asked_again", *first["fields"][6:])
+            fieldsets[0] = (fieldsets[0][0], first)
         if obj is not None and obj.status == Question.Status.OPEN:  # nothing answered yet to show
-            return [fieldset for fieldset in self.fieldsets if fieldset[0] != "Answer"]
-        return self.fieldsets
+            return [fieldset for fieldset in fieldsets if fieldset[0] != "Answer"]
+        return fieldsets
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Question]:
         return super().get_queryset(request).prefetch_related("assigned_users", "assigned_groups")
@@ -80,7 +86,15 @@ class QuestionAdmin(admin.ModelAdmin):
     # -- columns and fields ------------------------------------------------------------------
     @admin.display(description="question")
     def prompt_short(self, question: Question) -> str:
+        if question.asked_again_because:
+            why = ASKED_AGAIN_REASONS.get(question.asked_again_because, question.asked_again_because)
+            return format_html('{}<br><span class="asked-again" style="color:#666">asked again (round {}), '
+                               "because {}</span>", question.prompt[:80], question.round, why)
         return question.prompt[:80]
+
+    @admin.display(description="round")
+    def asked_again(self, question: Question) -> str:
+        return question.asked_again_text()
 
     @admin.display(description="job")
     def job_link(self, question: Question) -> str:
@@ -127,7 +141,7 @@ class QuestionAdmin(admin.ModelAdmin):
         if question.expires_at is None or question.status != Question.Status.OPEN:
             return "—"
         if question.expires_at <= timezone.now():
-            return format_html('<strong style="color:#ba2121">overdue by {}</strong>', timesince(question.expires_at))
+            return format_html('<strong class="overdue">overdue by {}</strong>', timesince(question.expires_at))
         return timeuntil(question.expires_at)
 
     @admin.display(description="deadline")
@@ -148,7 +162,7 @@ class QuestionAdmin(admin.ModelAdmin):
 
     @admin.display(description="answer schema")
     def schema_display(self, question: Question) -> str:
-        return format_html("<pre style='margin:0'>{}</pre>", json.dumps(question.schema, indent=2, sort_keys=True))
+        return format_html('<pre class="json-value">{}</pre>', json.dumps(question.schema, indent=2, sort_keys=True))
 
     @admin.display(description="answer")
     def answer_display(self, question: Question) -> str:

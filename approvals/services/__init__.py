@@ -3,6 +3,7 @@ page and beat call the same functions.
 
 - `asking`: what `ctx.ask` checks, opening and re-opening questions, cancelling them with a job
 - `answering`: the one permission check and the one answer service (votes, quorum, resume)
+- `rechecking`: a stored answer checked again when the job is about to use it
 - `deadlines`: the `on_timeout` policies beat applies
 - `ledger`: the append-only decision ledger
 - `notifications`: e-mails and webhooks when a question opens or is escalated
@@ -14,6 +15,7 @@ from approvals.errors import (
     InvalidAnswer,
     NotAllowedToAnswer,
     QuestionClosed,
+    QuestionExpired,
     QuestionNotFound,
 )
 from approvals.services.answering import (
@@ -24,8 +26,10 @@ from approvals.services.answering import (
 )
 from approvals.services.asking import (
     assignees_resolve,
+    question_ask_again,
     question_assign,
     question_open,
+    question_policy_digest,
     question_spec_build,
     questions_cancel_for_job,
 )
@@ -39,18 +43,21 @@ __all__ = [
     "InvalidAnswer",
     "NotAllowedToAnswer",
     "QuestionClosed",
+    "QuestionExpired",
     "QuestionNotFound",
     "answer_validate",
     "assignees_resolve",
     "decision_record",
     "question_announce",
     "question_answer",
+    "question_ask_again",
     "question_assign",
     "question_check_can_answer",
     "question_expire",
     "question_link",
     "question_notify",
     "question_open",
+    "question_policy_digest",
     "question_settle",
     "question_spec_build",
     "questions_cancel_for_job",

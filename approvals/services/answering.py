@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
@@ -17,14 +18,17 @@ from approvals.errors import (
     InvalidAnswer,
     NotAllowedToAnswer,
     QuestionClosed,
+    QuestionExpired,
     QuestionNotFound,
 )
 from approvals.models import Decision, Question
+from approvals.policies import policy_describe
 from approvals.schemas import QuestionType
 from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
 from approvals.services.ledger import decision_record
 from jobs.events import event_append
 from jobs.services import job_resume
+from jobs.timestamps import iso_utc
 
 
 def answer_validate(*, schema: dict, answer: Any) -> None:
@@ -90,8 +94,10 @@ def question_answer(
     distinct reviewers approved; a rejection decides at once. A deciding answer records who and
     when and moves the job `paused → pending` (dispatched after the commit). An answer to a
     decided question raises AlreadyAnswered naming who answered first; to a cancelled or
-    expired one, QuestionClosed.
+    expired one, QuestionClosed; after the question's `expires_at` (before beat's pass expired
+    it), QuestionExpired, with a `refused` row in the ledger.
     """
+    too_late: QuestionExpired | None = None
     with transaction.atomic():
         # Not select_related("answered_by"): when this waits for another answer's lock, PostgreSQL
         # re-reads the locked row but not the joined user, which would still be "nobody".
@@ -104,31 +110,58 @@ def question_answer(
             raise QuestionClosed(f"this question is {question.status} and can no longer be answered")
         question_check_can_answer(question=question, user=user)
         answer_validate(schema=question.schema, answer=answer)
-
         record = {"question": question, "actor": user, "channel": channel, "answer": answer, "comment": comment,
                   "client_address": client_address}
-        if question.type != QuestionType.APPROVAL:
-            decision_record(kind=Decision.Kind.ANSWERED, **record)
-        elif not answer.get("approved"):
-            decision_record(kind=Decision.Kind.REJECTED, **record)
-        else:
-            if question.decisions.filter(round=question.round, kind=Decision.Kind.APPROVED, actor=user).exists():
-                raise AlreadyVoted(
-                    f"{user.get_username()!r} already approved this question; it needs "
-                    f"{question.required_approvals - question.approvals_so_far()} more approval(s) from other reviewers"
-                )
-            approvals = question.approvals_so_far() + 1
-            decision_record(kind=Decision.Kind.APPROVED, detail={"approvals": approvals,
-                                                                  "required": question.required_approvals}, **record)
-            if approvals < question.required_approvals:
-                event_append(
-                    job_id=question.job_id, type="question", step=question.key, status="voted",
-                    message={"by": user.get_username(), "channel": channel, "approvals": approvals,
-                             "required": question.required_approvals},
-                )
-                return question
-        question_settle(question=question, answer=answer, user=user, comment=comment, channel=channel)
+        too_late = _refuse_if_past_deadline(question, record)
+        if too_late is None:
+            _decide(question, user=user, answer=answer, comment=comment, channel=channel, record=record)
+    if too_late is not None:  # raised after the commit: the ledger keeps the refusal
+        raise too_late
     return question
+
+
+def _refuse_if_past_deadline(question: Question, record: dict[str, Any]) -> QuestionExpired | None:
+    """An answer after `expires_at` is refused even before beat's deadline pass applies the
+    policy; the refusal is a ledger row. Compared with the database's clock, so that the web
+    server's own clock does not decide. Caller holds the question's row lock."""
+    if question.expires_at is None:
+        return None
+    if not Question.objects.filter(pk=question.pk, expires_at__lte=Now()).exists():
+        return None
+    deadline = f"{question.expires_at:%Y-%m-%d %H:%M:%S} UTC"
+    decision_record(kind=Decision.Kind.REFUSED, detail={"expires_at": iso_utc(question.expires_at)},
+                    **{**record, "comment": f"came after the deadline ({deadline}); not counted"})
+    return QuestionExpired(
+        f"this question's deadline passed at {deadline}; the answer was not recorded as a decision "
+        f"(its deadline policy, {policy_describe(question.on_timeout)}, applies within moments)"
+    )
+
+
+def _decide(question: Question, *, user: Any, answer: Any, comment: str, channel: str,
+            record: dict[str, Any]) -> None:
+    """Record the answer or the vote and, once the question is decided, settle it. Caller holds
+    the question's row lock."""
+    if question.type != QuestionType.APPROVAL:
+        decision_record(kind=Decision.Kind.ANSWERED, **record)
+    elif not answer.get("approved"):
+        decision_record(kind=Decision.Kind.REJECTED, **record)
+    else:
+        if question.decisions.filter(round=question.round, kind=Decision.Kind.APPROVED, actor=user).exists():
+            raise AlreadyVoted(
+                f"{user.get_username()!r} already approved this question; it needs "
+                f"{question.required_approvals - question.approvals_so_far()} more approval(s) from other reviewers"
+            )
+        approvals = question.approvals_so_far() + 1
+        decision_record(kind=Decision.Kind.APPROVED, detail={"approvals": approvals,
+                                                              "required": question.required_approvals}, **record)
+        if approvals < question.required_approvals:
+            event_append(
+                job_id=question.job_id, type="question", step=question.key, status="voted",
+                message={"by": user.get_username(), "channel": channel, "approvals": approvals,
+                         "required": question.required_approvals},
+            )
+            return
+    question_settle(question=question, answer=answer, user=user, comment=comment, channel=channel)
 
 
 def question_settle(

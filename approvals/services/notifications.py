@@ -46,6 +46,8 @@ def _question_payload(question: Question, action: str) -> dict[str, Any]:
             "assignees": question.assignee_names(),
             "required_approvals": question.required_approvals,
             "expires_at": iso_utc(question.expires_at),
+            "round": question.round,
+            "asked_again_because": question.asked_again_because or None,
             "url": question_link(question),
         },
     }
@@ -112,6 +114,7 @@ def question_notify(*, question_id: Any, action: str = "open") -> int:
         "details_text": details_text(question.details) if question.details else "",
         "answer_summary": schema_summary(question.schema),
         "on_timeout": policy_describe(question.on_timeout) if question.expires_at else "",
+        "asked_again": question.asked_again_text(),
     }
     subject = f"[{question.job.kind}] {'Escalated to you: ' if action == 'escalated' else ''}{question.prompt}"
     subject = " ".join(subject.split())[:150]

@@ -20,6 +20,8 @@ QUESTION_FIELDS = {
     "expires_at", "created_at",
     # Added by the reviewers' side (typed questions, assignees, quorum).
     "type", "assignees", "required_approvals", "approvals",
+    # Added by the re-check at use (the contract's `round` and `asked_again_because`).
+    "round", "asked_again_because", "valid_for",
 }
 
 

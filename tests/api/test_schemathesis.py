@@ -29,6 +29,7 @@ from jobs.services import job_submit
 from tests.api.conftest import api_server_running
 from tests.conftest import make_user, reviewers_group
 from tests.support.processes import BASE_DIR, child_env
+from waits.models import Wait
 from waits.policy import WaitPolicy
 from waits.services import wait_open, wake_token
 from webhooks.models import WebhookDelivery
@@ -113,7 +114,8 @@ def reviewer_test_data(monkeypatch) -> dict[str, str]:
     theirs paused on a question (to read, cancel and retry), another user's job paused on a
     question the reviewer may answer (its schema takes any JSON: see schemathesis.toml), a
     finished job, a webhook with a delivery, one to delete, and a job parked on an outside
-    service with its wake token. As the `ST_*` variables of `schemathesis.toml`."""
+    service with its wake token, and another user's job on a combined wait the reviewer may end.
+    As the `ST_*` variables of `schemathesis.toml`."""
     # The rows are the point here, not the messages: nothing is sent to a worker or a receiver.
     monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda *, job, countdown=None: None)
     monkeypatch.setattr("webhooks.services._send_tasks", lambda ids: None)
@@ -130,8 +132,15 @@ def reviewer_test_data(monkeypatch) -> dict[str, str]:
     assert WebhookDelivery.objects.filter(webhook=webhook).exists()
     parked, _ = job_submit(kind="demo.noop", owner=reviewer)
     wait = wait_open(job_id=parked.pk, key="generate", service="an outside service", policy=WaitPolicy())
+    # Another user's job parked on a combined wait (a person may end it: rita, as a reviewer).
+    combined, _ = job_submit(kind="test.combined", input={"marks": [600, 1200]}, owner=make_user("wes"))
+    job_execute(job_id=combined.pk)
+    combined.refresh_from_db()
+    combined_wait = Wait.objects.get(job=combined)
+    assert combined_wait.person is not None and combined.status == "waiting"
     _, token = api_token_create(user=reviewer, name="schemathesis")
     return {
+        "ST_WAIT": str(combined_wait.pk),
         "ST_TOKEN": token,
         "ST_JOB": str(own.pk),
         "ST_QUESTION": str(asked.questions.get().pk),

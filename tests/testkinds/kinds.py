@@ -77,10 +77,28 @@ def ask(ctx, input):
         required_approvals=input.get("required_approvals", 1),
         timeout=input.get("timeout"),
         on_timeout=_policy(input.get("on_timeout")),
+        valid_for=input.get("valid_for"),
     )
     question = ctx.question(key)
     by = question.answered_by.get_username() if question.answered_by else "system"
     return {"answer": answer, "by": by, "approvers": question.approvers(), "round": question.round}
+
+
+@job_kind("test.ask_then_confirm", input_schema={"type": "object"})
+def ask_then_confirm(ctx, input):
+    """Asks `q` as test.ask does, then `confirm` of the default reviewers: between the two a test
+    can change what `q`'s answer is judged by (a reviewer, the policy in the input, time)."""
+    first = ctx.ask(
+        "q",
+        "A question?",
+        assignees=input.get("assignees"),
+        required_approvals=input.get("required_approvals", 1),
+        timeout=input.get("timeout"),
+        valid_for=input.get("valid_for"),
+    )
+    confirmed = ctx.ask("confirm", "Confirm?")
+    question = ctx.question("q")
+    return {"answer": first, "confirmed": confirmed, "approvers": question.approvers(), "round": question.round}
 
 
 @job_kind("test.crash", input_schema={"type": "object"}, max_attempts=2)

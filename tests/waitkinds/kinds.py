@@ -9,7 +9,9 @@ from django.core.cache import cache
 
 from demo.kinds import generation_check, generation_submit
 from jobs.registry import job_kind
-from waits.policy import CheckResult, TransportError, WaitPolicy
+from tests.testkinds.kinds import _policy
+from waits.models import Wait
+from waits.policy import CheckResult, Person, TransportError, WaitPolicy
 
 POLICY_FIELDS = ("marks", "callback", "min_interval", "max_interval", "max_duration", "max_throttle_bounces",
                  "max_transport_failures", "transport_backoff", "max_executions")
@@ -53,5 +55,46 @@ def wait(ctx, input):
             return CheckResult.pending()
         return generation_check(external_id)
 
-    result = ctx.wait_for("generate", submit=submit, check=check, policy=policy, service="simulated generation")
-    return {"text": result["text"]}
+    result = ctx.wait_for("generate", submit=submit, check=check, policy=policy, service="simulated generation",
+                          **combined(input))
+    return {"text": result["text"], "ended_by": Wait.objects.get(job_id=ctx.job_id, key="generate").ended_by}
+
+
+TEXT = {"type": "object", "properties": {"text": {"type": "string", "minLength": 1}}, "required": ["text"]}
+
+
+def combined(input: dict) -> dict:
+    """`person`, `timeout`, `on_timeout` of `ctx.wait_for` from the input (`person`: true, or
+    {"assignees": ...}): a combined wait."""
+    if not input.get("person"):
+        return {}
+    spec = input["person"] if isinstance(input["person"], dict) else {}
+    person = Person("The service may have lost this: stand in for it.", schema=spec.get("schema", TEXT),
+                    details={"job": "test"}, assignees=spec.get("assignees"))
+    return {"person": person, "timeout": input.get("timeout"), "on_timeout": _policy(input.get("on_timeout"))}
+
+
+def service_finish(job_id, text: str = "done by the service") -> None:
+    """Make the pretend service of `test.combined` report the work done."""
+    cache.set(f"waittest:{job_id}:finished", text, 3600)
+
+
+@job_kind("test.combined", input_schema={"type": "object"})
+def combined_wait(ctx, input):
+    """A combined wait on a pretend service that no HTTP reaches: `submit` records its token,
+    `check` answers pending until the test calls `service_finish`. Returns the text and the
+    channel that ended the wait."""
+    policy = WaitPolicy(**{name: input[name] for name in POLICY_FIELDS if name in input})
+
+    def submit(token: str, callback_url: str | None) -> str:
+        _record(ctx.job_id, "tokens", token)
+        return f"pretend-{len(seen(ctx.job_id, 'tokens'))}"
+
+    def check(external_id: str) -> CheckResult:
+        _record(ctx.job_id, "checks", external_id)
+        text = cache.get(f"waittest:{ctx.job_id}:finished")
+        return CheckResult.succeeded({"text": text}) if text else CheckResult.pending()
+
+    result = ctx.wait_for("generate", submit=submit, check=check, policy=policy, service="pretend",
+                          **combined({"person": True, **input}))
+    return {"text": result["text"], "ended_by": Wait.objects.get(job_id=ctx.job_id, key="generate").ended_by}

@@ -104,7 +104,7 @@ def test_generate_when_the_service_calls_back():
                    wait_results={"generate": Generation(text="queues hum at night")})
     assert run.status == "completed" and run.value == Generation(text="queues hum at night")
     waits = [(e["status"], e["message"].get("by")) for e in run.events if e["type"] == "wait"]
-    assert waits == [("parked", None), ("woken", "callback"), ("checked", None), ("done", None)]
+    assert waits == [("parked", None), ("woken", "callback"), ("checked", None), ("done", "callback")]
     assert run.clock.offset.total_seconds() == 0  # a callback needs no time to pass
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from enum import StrEnum
+from typing import Annotated
 
 from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field
@@ -234,7 +235,7 @@ def generate(ctx: JobContext, input: GenerateInput) -> Generation:
 class BatchReviewInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    documents: list[str] = Field(min_length=1, max_length=500)
+    documents: list[Annotated[str, Field(max_length=100_000)]] = Field(min_length=1, max_length=500)
 
 
 class BatchReviewResult(BaseModel):

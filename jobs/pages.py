@@ -24,7 +24,7 @@ from jobs.models import Job
 from jobs.selectors import job_get_visible, jobs_visible_to
 
 LIST_LIMIT = 200  # newest jobs on /jobs/
-TIMELINE_LIMIT = 300  # newest events rendered with the page; live ones are appended
+TIMELINE_LIMIT = 50  # newest events rendered with the page; live ones are appended, earlier ones paged in
 
 
 def visible_or_404(request: HttpRequest, job_id: Any) -> Job:
@@ -35,10 +35,9 @@ def visible_or_404(request: HttpRequest, job_id: Any) -> Job:
 
 
 def event_row(event: Any) -> dict[str, Any]:
-    """An event as the timeline shows it (the script renders pushed events the same way)."""
-    data = event.as_dict()
-    data["message_json"] = json.dumps(data["message"], sort_keys=True) if data["message"] else ""
-    return data
+    """An event as the timeline shows it: its JSON, with `text` (`jobs.presenters.event_text`),
+    which the script shows for pushed events too."""
+    return event.as_dict()
 
 
 def live_context(

@@ -249,6 +249,26 @@ def json_block(value: Any, *, lines: int = JSON_PREVIEW_LINES, css: str = "json"
     )
 
 
+def duration_short(seconds: float) -> str:
+    """A duration in one rounded unit, as people say it: `45 s`, `5 min`, `2 h`, `3 d`."""
+    seconds = abs(seconds)
+    if seconds < 59.5:
+        return f"{round(seconds)} s"
+    if seconds < 3600 - 30:
+        return f"{round(seconds / 60)} min"
+    if seconds < 86400 - 1800:
+        return f"{round(seconds / 3600)} h"
+    return f"{round(seconds / 86400)} d"
+
+
+def time_left(deadline: datetime | None, *, now: datetime | None = None) -> str:
+    """`in 2 h`, or `overdue 5 min` once `deadline` has passed; "" for none."""
+    if deadline is None:
+        return ""
+    left = (deadline - (now or timezone.now())).total_seconds()
+    return f"in {duration_short(left)}" if left > 0 else f"overdue {duration_short(left)}"
+
+
 def time_with_age(value: datetime | None, *, now: datetime | None = None) -> str:
     """`2026-12-01 11:22:05 UTC (3 minutes ago)`: the time to the second, and how long ago
     (or how far ahead); "—" for none."""

@@ -140,6 +140,8 @@ AUTH_PASSWORD_VALIDATORS = [
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# Dates and times to the second, year first, everywhere the admin shows one (taskplatform/formats/).
+FORMAT_MODULE_PATH = ["taskplatform.formats"]
 USE_I18N = True
 USE_TZ = True
 

@@ -185,10 +185,17 @@
   function liveFeed(table) {
     var body = table.tBodies[0];
     var detailUrl = table.dataset.detailUrl;
+    /* A job not listed yet joins the top of the first page, when it matches the list's filters. */
+    function joinsTheList(job) {
+      if (table.dataset.insert === "") return false;
+      if (table.dataset.filterStatus && table.dataset.filterStatus !== job.status) return false;
+      return !table.dataset.filterKind || table.dataset.filterKind === job.kind;
+    }
     follow(function () { return table.dataset.liveFeed; }, function (msg) {
       if (msg.type !== "job") return;
       var job = msg.job;
       var row = body.querySelector('tr[data-job-id="' + job.id + '"]');
+      if (!row && !joinsTheList(job)) return;
       if (!row) {
         var empty = body.querySelector("tr.empty");
         if (empty) empty.remove();
@@ -196,9 +203,10 @@
         row.dataset.jobId = job.id;
         var link = '<a href="' + detailUrl.replace("00000000-0000-0000-0000-000000000000", job.id) + '"><code>' +
           job.id.slice(0, 8) + "</code></a>";
-        row.innerHTML = "<td>" + link + "</td><td></td><td><span data-role=\"status\"></span></td>" +
-          '<td><progress max="1" data-role="progress"></progress></td><td data-role="attempts"></td>' +
-          "<td><time></time></td>";
+        row.innerHTML = '<td data-label="job">' + link + '</td><td data-label="kind"></td>' +
+          '<td data-label="status"><span data-role="status"></span></td>' +
+          '<td data-label="progress"><progress max="1" data-role="progress" aria-label="progress"></progress></td>' +
+          '<td data-label="attempts" data-role="attempts"></td><td data-label="created"><time></time></td>';
         row.children[1].textContent = job.kind;
         row.querySelector("time").textContent = job.created_at.slice(0, 19).replace("T", " ");
         body.insertBefore(row, body.firstChild);

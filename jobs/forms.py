@@ -144,7 +144,11 @@ def _is_text_list(prop: dict) -> bool:
 def input_fields_fit(schema: dict) -> bool:
     """Can the kind's input be asked for with fields? An object whose properties are scalars,
     choices, or lists of texts (one per line); no properties at all is an empty form."""
-    if schema.get("type") != "object" or not isinstance(schema.get("properties"), dict):
+    if schema.get("type") != "object":
+        return False
+    if "properties" not in schema and schema.get("additionalProperties") is False:
+        return True  # takes nothing: a form without fields
+    if not isinstance(schema.get("properties"), dict):
         return False
     defs = schema.get("$defs") or {}
     for prop in schema["properties"].values():
@@ -179,6 +183,7 @@ class JobInputForm(forms.Form):
     """
 
     JSON_FIELD = "input_json"
+    required_css_class = "required"
 
     def __init__(self, kind: JobKind, data: Any = None, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
@@ -206,6 +211,10 @@ class JobInputForm(forms.Form):
                     widget=forms.Textarea(attrs=TEXTAREA))
             else:
                 field = property_field(prop, required=name in required, label=label)
+                if isinstance(field.widget, forms.Textarea) and not prop.get("maxLength"):
+                    line = forms.TextInput()  # an input of unknown length: one line to start with
+                    line.attrs.update(field.widget_attrs(line))
+                    field.widget = line
             if prop.get("default") is not None:
                 field.initial = _initial(prop, prop["default"])
             self.properties.append((field_name, name, prop))

@@ -140,7 +140,7 @@ def id_filter(text: str) -> Q:
 def submit_context(request: HttpRequest, *, kind_name: str | None = None,
                    form: JobInputForm | None = None) -> dict[str, Any]:
     """The "Submit a job" form: the kinds to choose from, and the fields of the chosen one
-    (`?submit=KIND`, else the first), built from its input schema (`jobs.forms.JobInputForm`)."""
+    (`?submit_kind=KIND`, else the first), built from its input schema (`jobs.forms.JobInputForm`)."""
     kinds = kinds_all()
     if not kinds:
         return {"submit_kinds": []}
@@ -179,7 +179,7 @@ def job_list_context(request: HttpRequest, **submit: Any) -> dict[str, Any]:
 def job_list_page(request: HttpRequest) -> HttpResponse:
     """`/jobs/`: the jobs the user may see, newest first, filtered by status and kind, searched
     by id, a page at a time; statuses follow `/ws/jobs/` live. Beside them, "Submit a job"."""
-    return render(request, "jobs/job_list.html", job_list_context(request, kind_name=request.GET.get("submit")))
+    return render(request, "jobs/job_list.html", job_list_context(request, kind_name=request.GET.get("submit_kind")))
 
 
 @login_required

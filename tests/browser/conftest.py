@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 from django.db import connections
 
+from approvals.models import Question
+from jobs.models import Job
+from jobs.services import job_submit
+from tests.conftest import make_user
 from tests.live.conftest import live_asgi, server, session_cookie  # noqa: F401 (fixtures)
+from tests.support.processes import wait_until
 
 HERE = Path(__file__).resolve().parent
 AXE = HERE / "node_modules" / "axe-core" / "axe.min.js"
@@ -77,6 +82,37 @@ def open_as(browser, server) -> Callable[..., Any]:  # noqa: F811 (server is the
         return page
 
     return open_page
+
+
+# -- what the pages show ---------------------------------------------------------------------------
+@pytest.fixture
+def people(db):
+    return {"boss": make_user("boss", superuser=True), "rita": make_user("rita", reviewer=True),
+            "olga": make_user("olga")}
+
+
+@pytest.fixture
+def review(worker, people) -> Question:
+    """A paused demo.review job of olga's, its question open for the reviewers."""
+    job, _ = job_submit(kind="demo.review", input={"document": "Q3 report: revenue, costs and the outlook for Q4"},
+                        owner=people["olga"])
+    # And a long question with a deadline, as the inbox lists them.
+    long, _ = job_submit(kind="test.ask", owner=people["olga"], input={
+        "prompt": "Approve the refund of the duplicated March invoice for ACME Industries, including the late "
+                  "fee that was charged twice and the currency conversion difference?",
+        "details": {"customer": "ACME Industries", "amount": "1,240.00 EUR"}, "timeout": 7200})
+    wait_until(lambda: Question.objects.filter(job__in=[job, long], status="open").count() == 2, timeout=30,
+               message="the jobs did not ask their questions")
+    return Question.objects.get(job=job)
+
+
+@pytest.fixture
+def slept(worker, people) -> Job:
+    """A finished 30-step demo.sleep (some 95 events)."""
+    job, _ = job_submit(kind="demo.sleep", input={"seconds": 3, "steps": 30}, owner=people["boss"])
+    wait_until(lambda: Job.objects.get(pk=job.pk).status == "completed", timeout=60,
+               message="the 30-step demo.sleep did not complete")
+    return Job.objects.get(pk=job.pk)
 
 
 GEOMETRY_JS = """(selector) => {

@@ -8,45 +8,17 @@ import pytest
 
 from approvals.models import Question
 from jobs.models import Job
-from jobs.services import job_submit
 from tests.browser.conftest import OUT, geometry, record
-from tests.conftest import make_user
-from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 ADMIN_JOB_PAGE_MAX_HEIGHT = 4000
 
 
-@pytest.fixture
-def people(db):
-    return {"boss": make_user("boss", superuser=True), "rita": make_user("rita", reviewer=True),
-            "olga": make_user("olga")}
-
-
-@pytest.fixture
-def review(worker, people) -> Question:
-    """A paused demo.review job of olga's, its question open for the reviewers."""
-    job, _ = job_submit(kind="demo.review", input={"document": "Q3 report: revenue, costs and the outlook for Q4"},
-                        owner=people["olga"])
-    wait_until(lambda: Question.objects.filter(job=job, status="open").exists(), timeout=30,
-               message="the review job did not ask its question")
-    return Question.objects.get(job=job)
-
-
-@pytest.fixture
-def slept(worker, people) -> Job:
-    """A finished 30-step demo.sleep (some 95 events)."""
-    job, _ = job_submit(kind="demo.sleep", input={"seconds": 3, "steps": 30}, owner=people["boss"])
-    wait_until(lambda: Job.objects.get(pk=job.pk).status == "completed", timeout=60,
-               message="the 30-step demo.sleep did not complete")
-    return Job.objects.get(pk=job.pk)
-
-
 def pages(review: Question, slept: Job) -> list[tuple[str, str, str, str | None]]:
     """(name, who, path, the main action's selector) of every page."""
     return [
-        ("jobs-list", "boss", "/jobs/", "#job-submit button[type=submit]"),
+        ("jobs-list", "boss", "/jobs/", "#job-submit-form button[type=submit]"),
         ("job-page", "rita", f"/jobs/{review.job_id}/", "button[name=_approve]"),
         ("question-page", "rita", f"/admin/approvals/question/{review.pk}/change/", "[name=_approve]"),
         ("inbox", "rita", "/admin/approvals/question/", None),

@@ -7,7 +7,7 @@
     document.querySelectorAll("select[data-autosubmit]").forEach(function (select) {
       var button = select.form && select.form.querySelector('[data-role="choose"]');
       if (button) button.hidden = true;
-      select.addEventListener("change", function () { select.form.submit(); });
+      select.addEventListener("change", function () { HTMLFormElement.prototype.submit.call(select.form); });
     });
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);

@@ -17,10 +17,18 @@ $(BIN)/.installed-dev: requirements.txt requirements-dev.txt $(BIN)/.installed-r
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
+# axe-core for the browser tests' accessibility scans (tests/browser/package-lock.json), when npm is
+# there; without it those scans are skipped, saying so.
+AXE := tests/browser/node_modules/axe-core/axe.min.js
+$(AXE): tests/browser/package.json tests/browser/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error) && touch $@; \
+	else echo "npm not found: the accessibility scans (tests/browser) will be skipped"; fi
+
 run: $(BIN)/.installed-run
 	$(BIN)/python -m devtools.supervisor
 
-test: $(BIN)/.installed-dev
+test: $(BIN)/.installed-dev $(AXE)
 	DJANGO_SETTINGS_MODULE=taskplatform.settings.test $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(BIN)/.installed-dev

@@ -1,7 +1,9 @@
-"""The pages people look at: the job list and one job's live page.
+"""The pages people look at: the job list (filters, search by id, paging, "Submit a job") and one
+job's live page.
 
 Plain templates (`templates/jobs/`) and one small script (`jobs/static/jobs/live.js`) that
-follows `/ws/jobs/` and `/ws/jobs/{id}/`. What the feature apps show on a job's page (the open
+follows `/ws/jobs/` and `/ws/jobs/{id}/`; each event reads as the sentence of
+`jobs.presenters.event_text`, whoever renders it. What the feature apps show on a job's page (the open
 questions and their answer forms, from `approvals.pages`) comes in as sections registered with
 `jobs.extensions.job_section`.
 """

@@ -34,6 +34,8 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from jobs.redis_clients import redis_client
+
 logger = logging.getLogger(__name__)
 
 TTL = 24 * 3600  # seconds a generation is remembered
@@ -44,7 +46,7 @@ COUNTDOWN_MAX = 60.0
 
 @cache
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    return redis_client(decode_responses=True)
 
 
 def _key(*parts: str) -> str:

@@ -31,6 +31,7 @@ from django.db import connection
 from django.utils import timezone
 
 from jobs.models import Job
+from jobs.redis_clients import redis_client
 
 if TYPE_CHECKING:
     from jobs.runtime import JobContext
@@ -50,7 +51,7 @@ def drain_key(hostname: str) -> str:
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+    return redis_client(socket_timeout=1, socket_connect_timeout=1)
 
 
 def drain_mark(hostname: str, draining: bool) -> None:

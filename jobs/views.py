@@ -1,9 +1,9 @@
 """Plain Django views of the jobs app."""
 
-import redis
-from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
+
+from jobs.redis_clients import redis_client
 
 
 def healthz(request):
@@ -16,7 +16,7 @@ def healthz(request):
     except Exception as exc:  # any failure to reach the database is a failed check
         checks["database"] = f"error: {type(exc).__name__}: {exc}"
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        client = redis_client(socket_timeout=2, socket_connect_timeout=2)
         try:
             client.ping()
         finally:

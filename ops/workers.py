@@ -28,6 +28,8 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from jobs.redis_clients import redis_client as redis_client_for_url
+
 logger = logging.getLogger(__name__)
 
 # An entry older than this is removed when read: a worker that died long ago is no news.
@@ -49,7 +51,7 @@ def last_job_key() -> str:
 @lru_cache(maxsize=4)
 def _client_for(url: str, pid: int) -> redis.Redis:
     # One connection pool per process and URL (the pid: a forked pool process opens its own).
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return redis_client_for_url(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 def redis_client() -> redis.Redis:

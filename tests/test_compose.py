@@ -139,3 +139,22 @@ def test_docker_compose_accepts_the_file():
         env={"DJANGO_SECRET_KEY": "x", "FLOWER_BASIC_AUTH": "a:b", **os.environ},  # the required ones
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_sentinel_override_points_every_app_service_at_the_sentinels(services):
+    """docker-compose.sentinel.yml: a replica and three Sentinels, and every app service's
+    REDIS_URL (merged over the base file's, as compose merges `environment`) names them."""
+    from jobs.redis_clients import sentinel_target
+
+    override = yaml.safe_load((BASE_DIR / "docker-compose.sentinel.yml").read_text())["services"]
+    sentinels = [name for name in override if name.startswith("sentinel-")]
+    assert len(sentinels) == 3
+    for name in sentinels:
+        script = " ".join(argv(override[name]))
+        assert "sentinel monitor taskplatform redis 6379 2" in script and "--sentinel" in script
+    assert argv(override["redis-replica"])[argv(override["redis-replica"]).index("--replicaof") + 1] == "redis"
+    for name in [*APP_SERVICES, "migrate"]:
+        merged = {**env_of(services[name]), **env_of(override[name])}
+        target = sentinel_target(merged["REDIS_URL"])
+        assert target is not None and target.master_name == "taskplatform", (name, merged["REDIS_URL"])
+        assert sorted(host for host, _ in target.sentinels) == sorted(sentinels)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import environ
 
-from taskplatform.redis_urls import redis_url_for_celery
+from jobs.redis_clients import channel_layer_host
+from taskplatform.redis_urls import broker_transport_options_for, redis_url_for_celery
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -216,7 +217,18 @@ CELERY_TASK_TIME_LIMIT = JOBS_TIME_LIMIT + 60
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": CELERY_TASK_TIME_LIMIT + 600,
     "global_keyprefix": REDIS_KEY_PREFIX,
+    **broker_transport_options_for(REDIS_URL),  # the master's name, with Sentinels
+    # A Redis that stops answering (a broken route, a host cut off) fails a publish in seconds
+    # instead of hanging the request that sent it: the job is committed, and the reconciler
+    # sends it again once Redis answers (tests/cluster/test_hosts.py).
+    "socket_connect_timeout": 2,
+    "socket_timeout": 5,
 }
+# A dispatch that cannot reach the broker gives up after a short retry (the default retries 3
+# times, each waiting for the connect timeout): the job stays `pending` in the database and the
+# reconciler re-sends it (JOBS_DISPATCH_GRACE).
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html#task-publish-retry-policy
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 # Keep retrying the broker on start-up (Celery 6 changes the default)...
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # ...and for as long as it takes after a connection loss (Redis restarting): by default a worker
@@ -260,7 +272,7 @@ CHANNEL_LAYERS = {
         "CONFIG": {
             # redis-py 8's default socket_timeout (5 s) equals channels-redis's blocking-pop
             # timeout and kills idle websockets with 1011; give the socket more room.
-            "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "max_connections": 100, "timeout": 10}],
+            "hosts": [channel_layer_host(REDIS_URL, socket_timeout=30, max_connections=100, timeout=10)],
             "prefix": f"{REDIS_KEY_PREFIX}asgi",
             "capacity": 1000,
             "expiry": 60,
@@ -386,8 +398,11 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="taskplatform@localho
 # DRF's throttles count in Django's cache: Redis, so every web process shares the counts.
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        # Django's RedisCache, which also follows a master through Sentinels (jobs.redis_clients).
+        "BACKEND": "jobs.redis_clients.SentinelAwareRedisCache",
         "LOCATION": REDIS_URL,
+        # The throttle lets a request through when Redis cannot be asked; these bound the asking.
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
         "KEY_PREFIX": REDIS_KEY_PREFIX,
     }
 }

@@ -60,18 +60,20 @@ def redis_server_binary() -> str:
 class PrivateRedis:
     """A redis-server on a free TCP port, with no persistence: a restart comes back empty."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, extra: list[str] | None = None) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.extra = list(extra or [])  # more redis-server options (`--replicaof HOST PORT`)
 
     def start(self, timeout: float = 10.0) -> PrivateRedis:
         argv = [
             redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(self.workdir), "--logfile", str(self.workdir / "redis.log"),
+            *self.extra,
         ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
@@ -114,6 +116,99 @@ class PrivateRedis:
             return client.dbsize()
         finally:
             client.close()
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies at once, as a crashed host would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+class SentinelCluster:
+    """A Redis master, one replica and three Sentinels watching them, all private, on free ports.
+
+    `url` is the platform's REDIS_URL for it (`sentinel://…?master_name=…`, see
+    `jobs.redis_clients`). `kill_master()` kills the master with SIGKILL; the Sentinels promote the
+    replica after `down_after_ms`.
+    """
+
+    MASTER_NAME = "tpmaster"
+
+    def __init__(self, workdir: Path, down_after_ms: int = 1000) -> None:
+        self.workdir = Path(workdir)
+        self.master = PrivateRedis(self.workdir / "master")
+        self.replica = PrivateRedis(self.workdir / "replica",
+                                    extra=["--replicaof", "127.0.0.1", str(self.master.port)])
+        self.down_after_ms = down_after_ms
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[subprocess.Popen] = []
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        self.url = f"sentinel://{hosts}/0?master_name={self.MASTER_NAME}"
+
+    def start(self, timeout: float = 20.0) -> SentinelCluster:
+        self.master.start()
+        self.replica.start()
+        for index, port in enumerate(self.sentinel_ports):
+            folder = self.workdir / f"sentinel-{index}"
+            folder.mkdir(parents=True, exist_ok=True)
+            config = folder / "sentinel.conf"  # a Sentinel rewrites its own file: one each
+            config.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {folder}\nlogfile {folder / 'sentinel.log'}\n"
+                f"sentinel monitor {self.MASTER_NAME} 127.0.0.1 {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {self.MASTER_NAME} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.MASTER_NAME} 5000\n"
+                f"sentinel parallel-syncs {self.MASTER_NAME} 1\n"
+            )
+            self.sentinels.append(subprocess.Popen([redis_server_binary(), str(config), "--sentinel"],
+                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                   start_new_session=True))
+        wait_until(lambda: self.master_address() == ("127.0.0.1", self.master.port), timeout=timeout,
+                   message="the Sentinels do not report the master")
+        wait_until(self._replica_in_sync, timeout=timeout, message="the replica did not sync with the master")
+        return self
+
+    def _sentinel_client(self, port: int) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1,
+                           decode_responses=True)
+
+    def master_address(self) -> tuple[str, int] | None:
+        """Where the Sentinels say the master is (the first that answers)."""
+        import redis
+
+        for port in self.sentinel_ports:
+            client = self._sentinel_client(port)
+            try:
+                host, master_port = client.execute_command("SENTINEL", "get-master-addr-by-name", self.MASTER_NAME)
+                return host, int(master_port)
+            except (redis.RedisError, TypeError, ValueError):
+                continue
+            finally:
+                client.close()
+        return None
+
+    def _replica_in_sync(self) -> bool:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.replica.port, socket_timeout=1, decode_responses=True)
+        try:
+            return client.info("replication").get("master_link_status") == "up"
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def kill_master(self) -> None:
+        self.master.kill()
+
+    def stop(self) -> None:
+        for proc in self.sentinels:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.replica.stop()
+        self.master.stop()
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------------
@@ -335,15 +430,24 @@ class JobFollower:
     """A websocket client of `/ws/jobs/{id}/?after=0` in a thread: what a browser would see.
 
     `events` are `(time.time() of arrival, event)` of the `event` frames, in the order they came.
+    With `reconnect`, a dropped connection is opened again with `after` = the last seq received,
+    as live.js does (a Redis failover may close it), until `stop()`; `connections` counts them.
     """
 
-    def __init__(self, web_url: str, token: str, job_id: str) -> None:
-        self.url = web_url.replace("http://", "ws://") + f"/ws/jobs/{job_id}/?after=0&token={token}"
+    def __init__(self, web_url: str, token: str, job_id: str, reconnect: bool = False) -> None:
+        self.base_url = web_url.replace("http://", "ws://") + f"/ws/jobs/{job_id}/"
+        self.token = token
+        self.url = self._url(0)
+        self.reconnect = reconnect
+        self.connections = 0
         self.events: list[tuple[float, dict[str, Any]]] = []
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _url(self, after: int) -> str:
+        return f"{self.base_url}?after={after}&token={self.token}"
 
     def start(self, timeout: float = 10.0) -> JobFollower:
         self._thread.start()
@@ -352,23 +456,33 @@ class JobFollower:
         return self
 
     def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._follow()
+                return
+            except BaseException as exc:  # reported by the test
+                if not self.reconnect or self._stop.is_set():
+                    self.error = exc
+                    self._connected.set()
+                    return
+                time.sleep(0.2)
+
+    def _follow(self) -> None:
         import json
 
         from websockets.sync.client import connect
 
-        try:
-            with connect(self.url, open_timeout=10) as socket_:
-                self._connected.set()
-                while not self._stop.is_set():
-                    try:
-                        frame = json.loads(socket_.recv(timeout=0.2))
-                    except TimeoutError:
-                        continue
-                    if frame.get("type") == "event":
-                        self.events.append((time.time(), frame["event"]))
-        except BaseException as exc:  # reported by the test
-            self.error = exc
+        after = self.events[-1][1]["seq"] if self.events else 0
+        with connect(self._url(after), open_timeout=10) as socket_:
+            self.connections += 1
             self._connected.set()
+            while not self._stop.is_set():
+                try:
+                    frame = json.loads(socket_.recv(timeout=0.2))
+                except TimeoutError:
+                    continue
+                if frame.get("type") == "event":
+                    self.events.append((time.time(), frame["event"]))
 
     def seqs(self) -> list[int]:
         return [event["seq"] for _, event in self.events]

@@ -139,8 +139,7 @@ def id_filter(text: str) -> Q:
     return Q(pk__gte=low, pk__lte=high)  # a range on the primary key's index
 
 
-def submit_context(request: HttpRequest, *, kind_name: str | None = None,
-                   form: JobInputForm | None = None) -> dict[str, Any]:
+def submit_context(*, kind_name: str | None = None, form: JobInputForm | None = None) -> dict[str, Any]:
     """The "Submit a job" form: the kinds to choose from, and the fields of the chosen one
     (`?submit_kind=KIND`, else the first), built from its input schema (`jobs.forms.JobInputForm`)."""
     kinds = kinds_all()
@@ -172,7 +171,7 @@ def job_list_context(request: HttpRequest, **submit: Any) -> dict[str, Any]:
         "next_query": filters.query(page=page.next_page_number()) if page.has_next() else "",
         # Pushed jobs join the top of the first page when they match the filters (live.js).
         "live_rows": page.number == 1,
-        **submit_context(request, **submit),
+        **submit_context(**submit),
     }
 
 

@@ -179,7 +179,7 @@ class JsonAnswerForm(AnswerForm):
         super().__init__(question, data, **kwargs)
         self.fields["answer_json"] = forms.CharField(
             label="Answer (JSON)", help_text="A JSON value matching the answer schema shown above.",
-            widget=forms.Textarea(attrs={"rows": 8, "cols": 60, "style": "font-family: monospace"}),
+            widget=forms.Textarea(attrs={"rows": 8, "cols": 60, "class": "json-input"}),
         )
         self.fields["comment"] = _comment_field()
 

@@ -26,7 +26,7 @@ from jobs.services import job_cancel, job_retry, job_submit
 class JobSubmitForm(forms.Form):
     kind = forms.ChoiceField()
     input = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 6, "cols": 80, "style": "font-family: monospace"}),
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 80, "class": "json-input"}),
         initial="{}",
         help_text="The job's input as JSON; it is checked against the kind's input schema.",
     )

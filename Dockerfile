@@ -9,9 +9,10 @@
 FROM python:3.11-slim AS source
 WORKDIR /src
 COPY . .
-# A local virtualenv, the SQLite database, Redis data and a developer's .env must not end up in
+# A local virtualenv, the SQLite database, Redis data, a developer's .env and the development tools
+# (devtools: the make-run supervisor, the embedded Redis) must not end up in
 # the image (a .dockerignore would also keep them out of the build context).
-RUN rm -rf .venv var .env .git .pytest_cache .ruff_cache \
+RUN rm -rf .venv var .env .git .pytest_cache .ruff_cache devtools \
     && find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # --- the image --------------------------------------------------------------------------------
@@ -25,9 +26,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Dependencies first: this layer stays cached until requirements.txt changes.
-COPY requirements.txt .
-RUN pip install -r requirements.txt
+# Dependencies first: this layer stays cached until the lock changes. Only production's packages
+# (no embedded Redis, no test tools), each file checked against the hash in the lock.
+COPY requirements.lock .
+RUN pip install --require-hashes --no-deps -r requirements.lock
 
 COPY --from=source /src .
 

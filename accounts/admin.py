@@ -1,11 +1,16 @@
 """API tokens in the admin: listed by prefix with their last use, revocable, and creatable with
-the key shown once (only its hash is stored)."""
+the key shown once (only its hash is stored).
+
+A key acts as its user, so making one for somebody else is impersonating them: staff with
+`add_apitoken` make keys for themselves only, and only superusers choose the user. Revoking
+needs `change_apitoken`; viewing the list does not allow it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -32,7 +37,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         if obj is None:
-            return ["user", "name"]
+            # Only a superuser picks whose key it is; anyone else makes their own.
+            return ["user", "name"] if request.user.is_superuser else ["name"]
         return ["prefix_display", "user", "name", "created_at", "last_used_at", "revoked_at"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
@@ -44,6 +50,10 @@ class ApiTokenAdmin(admin.ModelAdmin):
         if change:
             obj.save(update_fields=["name"])
             return
+        if not request.user.is_superuser:
+            if obj.user_id not in (None, request.user.pk):
+                raise PermissionDenied("only a superuser may make a key for another user")
+            obj.user = request.user
         token, key = api_token_create(user=obj.user, name=obj.name)
         # The admin goes on with `obj` (its log entry, its redirect): make it the created row.
         obj.pk, obj.key_hash, obj.prefix, obj.created_at = token.pk, token.key_hash, token.prefix, token.created_at
@@ -52,7 +62,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
             f"The key of token {token.prefix}… for {token.user} is: {key} — copy it now, it is not shown again.",
         )
 
-    @admin.action(description="Revoke the selected tokens")
+    @admin.action(description="Revoke the selected tokens", permissions=["change"])
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         count = 0
         for token in queryset.filter(revoked_at__isnull=True):

@@ -8,7 +8,7 @@ the admin's answer form.
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -24,6 +24,7 @@ from approvals.serializers import (
 )
 from approvals.services import question_answer, request_client_address
 from jobs.api_errors import RETRY_AFTER, error_responses
+from jobs.api_lookups import ID, UUIDLookup
 
 
 @extend_schema_view(
@@ -34,16 +35,15 @@ from jobs.api_errors import RETRY_AFTER, error_responses
     ),
     retrieve=extend_schema(
         summary="Get a question",
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={200: QuestionSerializer, **error_responses(404)},
     ),
 )
-class QuestionViewSet(viewsets.GenericViewSet):
+class QuestionViewSet(UUIDLookup, viewsets.GenericViewSet):
     """Questions: a reviewer sees those they may answer; a job's creator sees its questions;
     staff see all."""
 
     serializer_class = QuestionSerializer
-    lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> QuerySet[Question]:
         return (
@@ -74,7 +74,14 @@ class QuestionViewSet(viewsets.GenericViewSet):
         "already approved by the caller (a quorum waits for other reviewers) or no longer open. For a quorum "
         "question an approval is a vote: the question stays `open` until `required_approvals` reviewers approved.",
         request=AnswerSerializer,
-        parameters=[RETRY_AFTER],
+        examples=[
+            OpenApiExample(
+                "An approval",
+                value={"answer": {"approved": True}, "comment": "Checked the figures."},
+                request_only=True,
+            )
+        ],
+        parameters=[ID, RETRY_AFTER],
         responses={200: QuestionSerializer, **error_responses(400, 403, 404, 409)},
     )
     @action(detail=True, methods=["post"])
@@ -97,7 +104,7 @@ class QuestionViewSet(viewsets.GenericViewSet):
         summary="The question's decision ledger, oldest first",
         description="Every answer, vote, expiry, escalation, cancellation and re-opening, with who, the channel, "
         "the client address and the digest of what was shown. Rows are never changed or removed.",
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={200: DecisionSerializer(many=True), **error_responses(404)},
     )
     @action(detail=True, methods=["get"], pagination_class=None)

@@ -12,10 +12,17 @@ from typing import Any
 
 from django import forms
 
-from approvals.models import Question
-from approvals.schemas import QuestionType, is_flat_object, ordered_properties, question_type
+from approvals.models import COMMENT_MAX_LENGTH, Question
+from approvals.schemas import (
+    REASON_MAX_LENGTH,
+    QuestionType,
+    is_flat_object,
+    ordered_properties,
+    question_type,
+)
 from jobs.errors import PlatformError
 from jobs.forms import OMIT, TEXTAREA, choices_for, property_field, property_label, property_value
+from jobs.json_input import json_parse
 
 
 class AnswerForm(forms.Form):
@@ -51,7 +58,8 @@ class AnswerForm(forms.Form):
 
 
 def _comment_field() -> forms.CharField:
-    return forms.CharField(required=False, label="Comment (optional)", widget=forms.Textarea(attrs=TEXTAREA))
+    return forms.CharField(required=False, label="Comment (optional)", max_length=COMMENT_MAX_LENGTH,
+                           widget=forms.Textarea(attrs=TEXTAREA))
 
 
 def _choices(schema: dict) -> list[tuple[str, str]]:
@@ -68,7 +76,12 @@ class ApprovalAnswerForm(AnswerForm):
     def __init__(self, question: Question, data: Any = None, **kwargs: Any) -> None:
         super().__init__(question, data, **kwargs)
         self.reason_required = "then" in self.schema
-        self.fields["reason"].label = "Reason (required to reject)" if self.reason_required else "Reason (optional)"
+        reason = (self.schema.get("properties") or {}).get("reason") or {}
+        self.fields["reason"] = forms.CharField(
+            required=False, widget=forms.Textarea(attrs=TEXTAREA),
+            max_length=reason.get("maxLength", REASON_MAX_LENGTH),
+            label="Reason (required to reject)" if self.reason_required else "Reason (optional)",
+        )
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
@@ -185,8 +198,8 @@ class JsonAnswerForm(AnswerForm):
 
     def clean_answer_json(self) -> Any:
         try:
-            return json.loads(self.cleaned_data["answer_json"])
-        except json.JSONDecodeError as exc:
+            return json_parse(self.cleaned_data["answer_json"])
+        except ValueError as exc:  # not JSON, or nested too deep
             raise forms.ValidationError(f"not valid JSON: {exc}") from exc
 
     def answer(self) -> Any:

@@ -13,6 +13,9 @@ from django.utils import timezone
 
 from jobs.models import Job
 
+# The longest comment a reviewer may leave with an answer (the API, the admin, the job page).
+COMMENT_MAX_LENGTH = 10_000
+
 
 class Question(models.Model):
     class Status(models.TextChoices):

@@ -60,7 +60,7 @@ def details_html(value: Any, depth: int = 0) -> SafeString:
         items = format_html_join("", "<li>{}</li>", ((details_html(item, depth + 1),) for item in value))
         return format_html("<ul>{}</ul>", items)
     if isinstance(value, str) and "\n" in value:
-        return format_html('<div style="white-space: pre-wrap">{}</div>', value)
+        return format_html('<div class="pre-wrap">{}</div>', value)
     return mark_safe(escape(_scalar(value)))
 
 

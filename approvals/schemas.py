@@ -49,6 +49,9 @@ class QuestionType:
     }
 
 
+# The longest reason of an approval or rejection (the approval schemas' default, the admin's bulk reason).
+REASON_MAX_LENGTH = 2000
+
 # Approve or reject, with an optional reason. The default schema of `ctx.ask` and the schema of
 # `demo.review`; kept exactly as it was, because a question's digest covers its schema and a
 # paused job asked with it must still find its answer.
@@ -63,7 +66,7 @@ APPROVAL_SCHEMA: dict = {
 }
 
 
-def approval(*, reason_max_length: int = 2000) -> dict:
+def approval(*, reason_max_length: int = REASON_MAX_LENGTH) -> dict:
     """Approve or reject; a reason is required to reject (`{"approved": false, "reason": "..."}`).
 
     This is the type that quorum questions (`required_approvals > 1`) use.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from approvals.models import Decision, Question
+from approvals.models import COMMENT_MAX_LENGTH, Decision, Question
 from approvals.schemas import QuestionType
-from jobs.serializers import AnyJSONField, JSONObjectField, QuerySerializer
+from jobs.serializers import AnyJSONField, JSONObjectField, QuerySerializer, TextField, UUIDTextField
 
 
 class QuestionSerializer(serializers.ModelSerializer):
@@ -48,14 +48,14 @@ class AnswerSerializer(serializers.Serializer):
     """The body of `POST /api/questions/{id}/answer/`."""
 
     answer = AnyJSONField(allow_null=True, help_text="Any JSON; checked against the question's `schema`.")
-    comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10000)
+    comment = TextField(required=False, allow_blank=True, default="", max_length=COMMENT_MAX_LENGTH)
 
 
 class QuestionListQuerySerializer(QuerySerializer):
     """The filters of `GET /api/questions/`."""
 
     status = serializers.ChoiceField(choices=Question.Status.values, required=False)
-    job = serializers.UUIDField(required=False, help_text="Only the questions of this job.")
+    job = UUIDTextField(required=False, help_text="Only the questions of this job.")
 
 
 class DecisionSerializer(serializers.ModelSerializer):

@@ -4,9 +4,10 @@ attempt it makes, never the same as the service it calls."""
 from celery import shared_task
 
 from approvals.services import question_notify, questions_expire_due
+from jobs.periodic import PeriodicPassTask
 
 
-@shared_task(name="approvals.enforce_deadlines", ignore_result=True)
+@shared_task(name="approvals.enforce_deadlines", base=PeriodicPassTask, ignore_result=True)
 def questions_enforce_deadlines() -> int:
     """Run by beat every APPROVALS_DEADLINE_INTERVAL seconds: apply the `on_timeout` policy of
     each open question past its deadline."""

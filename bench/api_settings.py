@@ -1,6 +1,6 @@
 """Settings of the server `bench/api.py` measures: the platform's, plus one bare DRF endpoint."""
 
-from taskplatform.settings.base import *  # noqa: F403
+from taskplatform.settings.development import *  # noqa: F403
 
 ROOT_URLCONF = "bench.api_urls"
 

@@ -110,7 +110,7 @@ def client_main(args: argparse.Namespace) -> None:
 
 def prepare_environment() -> str:
     """Point this process (and the server it starts) at Redis and a database; return a label."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.base")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.development")
     os.environ.setdefault("DJANGO_DEBUG", "false")  # DEBUG records every SQL statement
     os.environ["REDIS_KEY_PREFIX"] = f"bench-progress-{uuid.uuid4().hex[:8]}:"
     redis = "external Redis"

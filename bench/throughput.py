@@ -88,7 +88,7 @@ def prepare_environment() -> dict[str, str]:
     (else var/bench.sqlite3; a PostgreSQL database is created when missing) and a Redis key
     prefix of this run's own, so the bench never sees another worker's queue.
     """
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.base")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.development")
     # DEBUG makes Django record every SQL statement; measure what production runs.
     os.environ.setdefault("DJANGO_DEBUG", "false")
     redis_kind = "external"

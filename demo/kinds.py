@@ -53,7 +53,7 @@ def sleep(ctx, input):
     allow_self_approval=True,
     input_schema={
         "type": "object",
-        "properties": {"document": {"type": "string"}},
+        "properties": {"document": {"type": "string", "maxLength": 100_000}},
         "required": ["document"],
         "additionalProperties": False,
     },
@@ -78,10 +78,10 @@ EXPENSE_CATEGORIES = {"travel": "Travel", "equipment": "Equipment", "training": 
     input_schema={
         "type": "object",
         "properties": {
-            "employee": {"type": "string", "minLength": 1},
+            "employee": {"type": "string", "minLength": 1, "maxLength": 200},
             "amount": {"type": "number", "exclusiveMinimum": 0},
             "currency": {"type": "string", "minLength": 3, "maxLength": 3},
-            "description": {"type": "string"},
+            "description": {"type": "string", "maxLength": 2000},
             "approvals": {"type": "integer", "minimum": 1, "maximum": 5},
             "deadline_seconds": {"type": "number", "exclusiveMinimum": 0},
         },
@@ -156,7 +156,7 @@ def generation_check(external_id: str) -> CheckResult:
     input_schema={
         "type": "object",
         "properties": {
-            "prompt": {"type": "string"},
+            "prompt": {"type": "string", "maxLength": 10_000},
             "delay": {"type": "number", "minimum": 0, "maximum": 86400},
             "drop_callback": {"type": "boolean"},
             "throttle": {"type": "integer", "minimum": 0, "maximum": 1000},

@@ -4,9 +4,10 @@ installed (`make run`, `make test`), never under the production settings."""
 from celery import shared_task
 
 from demo import simulator
+from jobs.periodic import PeriodicPassTask
 
 
-@shared_task(name="demo.simulator_callbacks", ignore_result=True)
+@shared_task(name="demo.simulator_callbacks", base=PeriodicPassTask, ignore_result=True)
 def simulator_callbacks() -> int:
     """Run by beat: the simulated service sends the callbacks that are due and not yet sent."""
     return simulator.callbacks_send_due()

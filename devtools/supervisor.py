@@ -10,8 +10,9 @@ Ctrl-C or SIGTERM stops every process it started, pool children included, and ex
 
 A deployment starts the same commands on its own (see docker-compose.yml); this module is only
 the local convenience around them. Settings: HOST, PORT, FLOWER_PORT, FLOWER_BASIC_AUTH,
-WORKER_CONCURRENCY, BEAT_SCHEDULE_FILE (see .env.example); like the settings, it reads .env when
-present, real environment variables winning.
+WORKER_CONCURRENCY (see .env.example); like the settings, it reads .env when present, real
+environment variables winning. It writes nothing itself: with DATABASE_URL and REDIS_URL set, no
+process it starts needs `var/` (beat keeps its schedule in memory, see ops/scheduler.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import IO
 from devtools import embedded_redis
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"
 VENV_BIN = Path(sys.executable).parent
 
 # Restart back-off: the first restart waits BACKOFF_MIN seconds, each quick death doubles it up to
@@ -229,7 +229,7 @@ def read_dotenv(path: Path) -> dict[str, str]:
 def child_environment() -> dict[str, str]:
     """The environment every child gets: .env under ours (as the settings read it), unbuffered."""
     env = {**read_dotenv(BASE_DIR / ".env"), **os.environ}
-    env.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.base")
+    env.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.development")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -240,7 +240,6 @@ def build_services(env: dict[str, str]) -> list[Service]:
     port = env.get("PORT") or "8000"
     flower_port = env.get("FLOWER_PORT") or "5555"
     flower_auth = env.get("FLOWER_BASIC_AUTH") or "admin:admin"
-    schedule = env.get("BEAT_SCHEDULE_FILE") or str(VAR_DIR / "celerybeat-schedule")
     celery = str(VENV_BIN / "celery")
 
     worker = [celery, "-A", "taskplatform", "worker", "-l", "INFO"]
@@ -265,7 +264,9 @@ def build_services(env: dict[str, str]) -> list[Service]:
              "--hostname", "platform@%h"],
             env,
         ),
-        Service("beat", [celery, "-A", "taskplatform", "beat", "-l", "INFO", "--schedule", schedule], env),
+        # Beat sends the periodic passes while it holds the scheduler's lease (ops/scheduler.py);
+        # it writes no schedule file.
+        Service("beat", [celery, "-A", "taskplatform", "beat", "-l", "INFO"], env),
         Service(
             "flower",
             [celery, "-A", "taskplatform", "flower", f"--port={flower_port}", f"--address={host}",

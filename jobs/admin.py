@@ -3,11 +3,11 @@ every change goes through `jobs.services`."""
 
 from __future__ import annotations
 
-import json
 from functools import partial
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.forms.models import _get_foreign_key
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -17,6 +17,7 @@ from django.utils.safestring import mark_safe
 from jobs.admin_actions import admin_apply_each
 from jobs.errors import PlatformError
 from jobs.extensions import job_admin_inlines, job_admin_links
+from jobs.json_input import json_parse
 from jobs.models import Job
 from jobs.presenters import json_block, time_with_age
 from jobs.registry import kinds_all
@@ -37,8 +38,8 @@ class JobSubmitForm(forms.Form):
 
     def clean_input(self):
         try:
-            return json.loads(self.cleaned_data["input"] or "{}")
-        except json.JSONDecodeError as exc:
+            return json_parse(self.cleaned_data["input"] or "{}")
+        except ValueError as exc:  # not JSON, or nested too deep
             raise forms.ValidationError(f"not valid JSON: {exc}") from exc
 
 
@@ -59,12 +60,13 @@ class JobAdmin(admin.ModelAdmin):
     change_form_template = "admin/jobs/job/change_form.html"
     fieldsets = (
         (None, {"fields": ("id", "kind", "owner", "attempts_display", "links")}),
-        ("Input and checkpoint", {"fields": ("input_display", "checkpoint_display")}),
+        ("Data", {"fields": ("input_display", "error_display", "checkpoint_display")}),
         ("Times (UTC)", {"fields": ("created_display", "updated_display", "started_display", "finished_display",
                                     "run_after_display")}),
     )
     readonly_fields = (
-        "id", "kind", "owner", "attempts_display", "input_display", "checkpoint_display", "created_display",
+        "id", "kind", "owner", "attempts_display", "input_display", "error_display", "checkpoint_display",
+        "created_display",
         "updated_display", "started_display", "finished_display", "run_after_display", "links",
     )
 
@@ -85,6 +87,11 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="input")
     def input_display(self, job: Job) -> str:
         return json_block(job.input)
+
+    @admin.display(description="error (with its traceback)")
+    def error_display(self, job: Job) -> str:
+        """The whole error, traceback included, for staff (pages and the API show it without)."""
+        return json_block(job.error)
 
     @admin.display(description="checkpoint (finished steps)")
     def checkpoint_display(self, job: Job) -> str:
@@ -114,7 +121,8 @@ class JobAdmin(admin.ModelAdmin):
         """Rows with nothing to say are left out (no checkpoint yet, no retry due)."""
         if obj is None:
             return self.fieldsets
-        empty = {"checkpoint_display": not obj.checkpoint, "run_after_display": obj.run_after is None,
+        empty = {"checkpoint_display": not obj.checkpoint, "error_display": not obj.error,
+                 "run_after_display": obj.run_after is None,
                  "started_display": obj.started_at is None, "finished_display": obj.finished_at is None}
         fieldsets = []
         for name, options in self.fieldsets:
@@ -166,7 +174,7 @@ class JobAdmin(admin.ModelAdmin):
     def add_view(self, request, form_url="", extra_context=None):
         """The "add" page submits a job through `job_submit` (validated like the API)."""
         if not self.has_add_permission(request):
-            return HttpResponseRedirect(reverse("admin:jobs_job_changelist"))
+            raise PermissionDenied
         form = JobSubmitForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.api_errors import RETRY_AFTER, error_responses
+from jobs.api_lookups import ID, UUIDLookup
 from jobs.errors import NotAllowed
 from jobs.models import Job
 from jobs.registry import kinds_all
@@ -76,7 +77,7 @@ def jobs_filter(queryset: QuerySet[Job], filters: dict[str, Any]) -> QuerySet[Jo
     ),
     retrieve=extend_schema(
         summary="Get a job",
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={200: JobSerializer, **error_responses(404)},
     ),
     create=extend_schema(
@@ -92,12 +93,11 @@ def jobs_filter(queryset: QuerySet[Job], filters: dict[str, Any]) -> QuerySet[Jo
         },
     ),
 )
-class JobViewSet(viewsets.GenericViewSet):
+class JobViewSet(UUIDLookup, viewsets.GenericViewSet):
     """Jobs: a caller sees the jobs they created, those with a question they may answer, and all
     of them when staff."""
 
     serializer_class = JobSerializer
-    lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> QuerySet[Job]:
         return jobs_visible_to(self.request.user)
@@ -128,7 +128,7 @@ class JobViewSet(viewsets.GenericViewSet):
         summary="Cancel a job that has not finished",
         description="Open questions of the job are cancelled with it. Only the job's creator or staff may cancel.",
         request=None,
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={200: JobSerializer, **error_responses(403, 404, 409)},
     )
     @action(detail=True, methods=["post"])
@@ -142,7 +142,7 @@ class JobViewSet(viewsets.GenericViewSet):
         description="Finished steps stay checkpointed; the job gets a fresh budget of attempts. "
         "Only the job's creator or staff may retry.",
         request=None,
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={200: JobSerializer, **error_responses(403, 404, 409)},
     )
     @action(detail=True, methods=["post"])
@@ -154,7 +154,7 @@ class JobViewSet(viewsets.GenericViewSet):
         operation_id="jobs_events",
         summary="The job's events after a seq, oldest first",
         description="Page on with `after` = the last `seq` received. A plain JSON list, not paginated.",
-        parameters=[JobEventsQuerySerializer, RETRY_AFTER],
+        parameters=[ID, JobEventsQuerySerializer, RETRY_AFTER],
         responses={200: JobEventSerializer(many=True), **error_responses(400, 404)},
     )
     @action(detail=True, methods=["get"], pagination_class=None)

@@ -12,6 +12,8 @@ it learns about questions, waits, webhooks and the rest only through what is reg
   jobs whose questions they may answer).
 - **Job page and admin sections** (`job_section`, `job_admin_inline`, `job_admin_link`): what a
   feature shows on a job's page and admin page.
+- **Periodic passes** (`pass_observer`): told after each run of a pass beat sends (`ops` records
+  them for /readyz, /metrics and the dashboard).
 
 Like Django's own contrib apps (`django.contrib.admin` knows no app; each app registers with
 it), registration is explicit and happens once, at start-up. Registering the same name twice
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "PassEvent",
     "TransitionHook",
     "context_method",
     "job_admin_inline",
@@ -34,6 +37,8 @@ __all__ = [
     "job_admin_links",
     "job_section",
     "job_sections",
+    "pass_observer",
+    "pass_observers",
     "transition_hook",
     "transition_hooks_for",
     "visibility_rule",
@@ -182,3 +187,34 @@ def job_admin_link(name: str) -> Callable[[Callable[[Any], str]], Callable[[Any]
 
 def job_admin_links() -> list[Callable[[Any], str]]:
     return list(_job_admin_links.values())
+
+
+# -- periodic passes ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PassEvent:
+    """What happened to one run of a periodic pass (`jobs.periodic`): `what` is `ended` (it ran;
+    `seconds` long, `error` set when it raised) or `skipped` (another run of the same pass held
+    its lock, so this one did nothing)."""
+
+    name: str
+    what: str
+    seconds: float = 0.0
+    error: str = ""
+
+
+_pass_observers: dict[str, Callable[[PassEvent], None]] = {}
+
+
+def pass_observer(name: str) -> Callable[[Callable[[PassEvent], None]], Callable[[PassEvent], None]]:
+    """Call the decorated function with a `PassEvent` after each run of a periodic pass, in the
+    worker that ran it, while the pass still holds its lock. It must not raise."""
+
+    def register(fn: Callable[[PassEvent], None]) -> Callable[[PassEvent], None]:
+        _pass_observers[name] = fn
+        return fn
+
+    return register
+
+
+def pass_observers() -> list[Callable[[PassEvent], None]]:
+    return list(_pass_observers.values())

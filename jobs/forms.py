@@ -13,9 +13,11 @@ import json
 from typing import Any
 
 from django import forms
+from django.utils.html import escape
 from django.utils.text import capfirst
 
 from jobs.errors import PlatformError
+from jobs.json_input import json_parse
 from jobs.registry import JobKind
 
 TEXTAREA = {"rows": 3, "cols": 60}
@@ -67,7 +69,9 @@ def choices_for(schema: dict) -> list[tuple[str, str]]:
 
 def property_field(prop: dict, *, required: bool, label: str) -> forms.Field:
     """A form field for one scalar (or list-of-choices) property of a flat object schema."""
-    common: dict[str, Any] = {"required": required, "label": label, "help_text": prop.get("description", "")}
+    # Django draws help text as HTML (`|safe` in its form templates); a schema's description is
+    # text from a job or a kind, so it is escaped here.
+    common: dict[str, Any] = {"required": required, "label": label, "help_text": escape(prop.get("description", ""))}
     kind = prop.get("type")
     if kind == "array":
         return forms.MultipleChoiceField(choices=choices_for(prop.get("items") or {}),
@@ -207,7 +211,7 @@ class JobInputForm(forms.Form):
             if _is_text_list(prop):
                 field: forms.Field = forms.CharField(
                     label=label, required=name in required and prop.get("minItems", 0) > 0,
-                    help_text=(prop.get("description") or "") + " One per line.",
+                    help_text=escape(prop.get("description") or "") + " One per line.",
                     widget=forms.Textarea(attrs=TEXTAREA))
             else:
                 field = property_field(prop, required=name in required, label=label)
@@ -222,8 +226,8 @@ class JobInputForm(forms.Form):
 
     def clean_input_json(self) -> Any:
         try:
-            value = json.loads(self.cleaned_data[self.JSON_FIELD] or "{}")
-        except json.JSONDecodeError as exc:
+            value = json_parse(self.cleaned_data[self.JSON_FIELD] or "{}")
+        except ValueError as exc:  # not JSON, or nested too deep (JsonTooDeep)
             raise forms.ValidationError(f"not valid JSON: {exc}") from exc
         if not isinstance(value, dict):
             raise forms.ValidationError("the input must be a JSON object, {...}")

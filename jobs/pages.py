@@ -29,7 +29,7 @@ from jobs.errors import InvalidInput, JobNotFound, UnknownKind
 from jobs.extensions import job_sections
 from jobs.forms import JobInputForm
 from jobs.models import Job
-from jobs.presenters import json_pretty, time_with_age
+from jobs.presenters import job_error_public, json_pretty, time_with_age
 from jobs.registry import kind_get, kinds_all
 from jobs.selectors import job_get_visible, jobs_visible_to
 from jobs.services import job_submit
@@ -84,7 +84,7 @@ def panel_context(
     return {
         "job": job,
         "result_json": json_pretty(job.result) if job.result is not None else "",
-        "error_json": json_pretty(job.error) if job.error else "",
+        "error_json": json_pretty(job_error_public(job.error)) if job.error else "",
         "sections": sections,
         "next_url": next_url,
     }

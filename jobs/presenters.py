@@ -23,6 +23,18 @@ from jobs.timestamps import iso_utc
 if TYPE_CHECKING:  # the models import this module for `event_text`
     from jobs.models import Job
 
+# Errors recorded before tracebacks were kept apart carried one inside their message.
+_TRACEBACK_START = "\nTraceback (most recent call last):"
+
+
+def job_error_public(error: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A job's error as its owner, pages and webhooks see it: `code` and `message`, never the
+    Python traceback (kept on the row for the admin and in the logs)."""
+    if not error:
+        return error
+    message = str(error.get("message", "")).split(_TRACEBACK_START, 1)[0].rstrip("\n")
+    return {"code": error.get("code"), "message": message}
+
 
 def job_as_dict(job: Job) -> dict[str, Any]:
     """`id`, `kind`, `status`, `input`, `result`, `error`, `progress`, `attempts` and times."""
@@ -32,7 +44,7 @@ def job_as_dict(job: Job) -> dict[str, Any]:
         "status": job.status,
         "input": job.input,
         "result": job.result,
-        "error": job.error,
+        "error": job_error_public(job.error),
         "progress": {"fraction": job.progress_fraction, "text": job.progress_text},
         "attempts": job.attempts,
         "created_at": iso_utc(job.created_at),

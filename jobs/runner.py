@@ -81,8 +81,9 @@ def _run(kind, ctx: JobContext, job) -> str:
         if database_lost(exc):
             return _hand_back_after_database_loss(job, exc)
         logger.exception("job %s (%s) raised", job.pk, job.kind)
-        message = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=-8))
-        return _record(job_fail, job=job, code="exception", message=message)
+        # The traceback is for the logs (above) and the admin: the owner and webhooks get the message.
+        return _record(job_fail, job=job, code="exception", message=f"{type(exc).__name__}: {exc}",
+                       traceback="".join(traceback.format_exc(limit=-8)))
     return _record(job_complete, job=job, result=result)
 
 

@@ -3,22 +3,81 @@ parameters. No business logic: the views hand validated data to `jobs.services`.
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs.models import Job, JobEvent
-from jobs.presenters import event_text
+from jobs.presenters import event_text, job_error_public
 
 EVENTS_MAX_LIMIT = 1000
 
 ORDERING_FIELDS = ("created_at", "updated_at", "started_at", "finished_at")
 ORDERINGS = [*ORDERING_FIELDS, *(f"-{name}" for name in ORDERING_FIELDS)]
 
+# PostgreSQL stores no NUL character, in text or in jsonb: a request carrying one is refused
+# with a 400 naming the field, never a 500 from the database.
+NUL_REFUSED = RegexValidator(
+    r"\A[^\x00]*\Z", "may not contain the NUL character (U+0000)", code="null_characters_not_allowed"
+)
+
+
+def json_value_refusal(value: Any) -> str | None:
+    """Why a parsed JSON value cannot be stored (a NUL character in a string or a key), or None.
+    (DRF's JSONField already refuses numbers that are not finite.) Walks the value without
+    recursion: its depth is the client's."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "may not contain the NUL character (U+0000) in any string"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if "\x00" in key:
+                    return "may not contain the NUL character (U+0000) in any key"
+                stack.append(child)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+class TextField(serializers.CharField):
+    """A string of a request, taken as it was sent: a JSON string only (DRF's CharField turns a
+    number into its text), not trimmed (so that the lengths in the schema are the lengths
+    checked), and without the NUL character (said in the schema as a `pattern`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+        self.validators = [
+            NUL_REFUSED if isinstance(validator, ProhibitNullCharactersValidator) else validator
+            for validator in self.validators
+        ]
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class RequestJSONField(serializers.JSONField):
+    """JSON in a request: refused (400) when it cannot be stored (see `json_value_refusal`)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        refusal = json_value_refusal(value)
+        if refusal is not None:
+            raise serializers.ValidationError(refusal, code="invalid")
+        return value
+
 
 @extend_schema_field({"type": "object", "additionalProperties": True})
-class JSONObjectField(serializers.JSONField):
+class JSONObjectField(RequestJSONField):
     """A JSON object (a dict), in requests and in the schema."""
 
     default_error_messages = {"not_object": "must be a JSON object"}
@@ -31,8 +90,68 @@ class JSONObjectField(serializers.JSONField):
 
 
 @extend_schema_field({})
-class AnyJSONField(serializers.JSONField):
+class AnyJSONField(RequestJSONField):
     """Any JSON value: object, array, string, number, boolean or null."""
+
+
+UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+# RFC 3339 `date-time` (what the schema's `format: date-time` means), letters in either case.
+RFC3339 = re.compile(
+    r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt](?P<hour>[0-9]{2}):(?P<minute>[0-9]{2}):(?P<second>[0-9]{2})"
+    r"(?:\.(?P<fraction>[0-9]+))?(?:(?P<utc>[Zz])|(?P<sign>[+-])(?P<offset_hour>[0-9]{2}):(?P<offset_minute>[0-9]{2}))"
+)
+
+
+class WholeNumberField(serializers.IntegerField):
+    """An integer of a query string, written in ASCII digits (what the schema's `integer` says):
+    DRF's IntegerField also takes `1.0`, ` 1`, `+1`, `1_0` and the digits of other scripts."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, str) and not re.fullmatch(r"-?[0-9]+", data):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class UUIDTextField(serializers.UUIDField):
+    """A UUID in its usual text (`format: uuid`): DRF's UUIDField also takes 32 hex digits, braces
+    and URNs."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not (isinstance(data, str) and UUID_TEXT.fullmatch(data)):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
+class InstantField(serializers.DateTimeField):
+    """An RFC 3339 `date-time` of a query string, as the schema says: not the other ISO 8601
+    forms Django's parser takes (`2020-01-01`, `20200101T0000`, a space for `T`). An instant
+    outside what Python's datetime holds in UTC (`0001-01-01T00:00:00+01:00`) is taken as its
+    nearest end, which filters the same; a leap second as the next second."""
+
+    def to_internal_value(self, value: Any) -> datetime:
+        match = RFC3339.fullmatch(value) if isinstance(value, str) else None
+        try:
+            if match is None:
+                raise ValueError(value)
+            second = int(match["second"])
+            if second > 60:
+                raise ValueError(value)
+            local = datetime(
+                *(int(part) for part in match["date"].split("-")), int(match["hour"]), int(match["minute"]),
+                min(second, 59), int((match["fraction"] or "0")[:6].ljust(6, "0")),
+            )
+            offset = timedelta(hours=int(match["offset_hour"] or 0), minutes=int(match["offset_minute"] or 0))
+            if offset >= timedelta(hours=24) or int(match["offset_minute"] or 0) > 59:
+                raise ValueError(value)
+        except ValueError:
+            self.fail("invalid", format="RFC 3339, such as 2025-06-01T10:00:00Z")
+        if match["sign"] == "-":
+            offset = -offset
+        try:
+            utc = local - offset + timedelta(seconds=second - 59 if second == 60 else 0)
+        except OverflowError:
+            utc = datetime.min if offset > timedelta(0) else datetime.max
+        return utc.replace(tzinfo=UTC)
 
 
 class QuerySerializer(serializers.Serializer):
@@ -62,6 +181,9 @@ class JobErrorSerializer(serializers.Serializer):
     code = serializers.CharField(help_text="`exception`, `timeout`, `question_changed`, … or the job's own code.")
     message = serializers.CharField(allow_blank=True)
 
+    def to_representation(self, instance: Any) -> Any:
+        return super().to_representation(job_error_public(instance))
+
 
 class JobSerializer(serializers.ModelSerializer):
     """A job as the API shows it."""
@@ -83,9 +205,9 @@ class JobSerializer(serializers.ModelSerializer):
 class JobSubmitSerializer(serializers.Serializer):
     """The body of `POST /api/jobs/`."""
 
-    kind = serializers.CharField(max_length=100, help_text="A registered kind (see `GET /api/job-kinds/`).")
+    kind = TextField(max_length=100, help_text="A registered kind (see `GET /api/job-kinds/`).")
     input = JSONObjectField(required=False, default=dict, help_text="Checked against the kind's `input_schema`.")
-    idempotency_key = serializers.CharField(
+    idempotency_key = TextField(
         max_length=200,
         required=False,
         allow_null=True,
@@ -98,9 +220,9 @@ class JobListQuerySerializer(QuerySerializer):
     """The filters of `GET /api/jobs/`."""
 
     status = serializers.ChoiceField(choices=Job.Status.values, required=False)
-    kind = serializers.CharField(required=False, max_length=100)
-    created_after = serializers.DateTimeField(required=False, help_text="Created at or after (ISO 8601).")
-    created_before = serializers.DateTimeField(required=False, help_text="Created before (ISO 8601).")
+    kind = TextField(required=False, max_length=100)
+    created_after = InstantField(required=False, help_text="Created at or after (RFC 3339).")
+    created_before = InstantField(required=False, help_text="Created before (RFC 3339).")
     ordering = serializers.ChoiceField(choices=ORDERINGS, required=False, default="-created_at")
 
 
@@ -132,10 +254,10 @@ class JobEventSerializer(serializers.ModelSerializer):
 class JobEventsQuerySerializer(QuerySerializer):
     """`?after=SEQ&limit=N` of `GET /api/jobs/{id}/events/`."""
 
-    after = serializers.IntegerField(
+    after = WholeNumberField(
         required=False, default=0, min_value=0, max_value=2**31 - 1, help_text="Only events with a greater seq."
     )
-    limit = serializers.IntegerField(
+    limit = WholeNumberField(
         required=False,
         default=EVENTS_MAX_LIMIT,
         min_value=1,

@@ -22,6 +22,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.http import require_GET
 
 from accounts.services import api_token_authenticate
 from jobs.broadcast import job_group
@@ -64,10 +65,9 @@ def _error(status: int, code: str, detail: str) -> JsonResponse:
     return JsonResponse({"code": code, "detail": detail}, status=status)
 
 
+@require_GET
 async def job_events_stream(request: HttpRequest, job_id: Any) -> HttpResponse:
     """Stream the job's events after `Last-Event-ID` (or `?after=`) until the job is finished."""
-    if request.method != "GET":
-        return _error(405, "method_not_allowed", "use GET")
     user, bad_token = await _caller(request)
     if user is None or not user.is_authenticated:
         response = _error(

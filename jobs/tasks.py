@@ -10,6 +10,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 from jobs.broadcast import flush_pending
 from jobs.leases import drain_mark
+from jobs.periodic import PeriodicPassTask
 from jobs.runner import job_execute
 from jobs.services import jobs_recover_expired_leases, jobs_redispatch_stale, jobs_terminate_cancelled_runs
 
@@ -33,7 +34,7 @@ def job_run(self, job_id: str) -> str:
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30), max_retries=10) from exc
 
 
-@shared_task(name="jobs.reconcile", ignore_result=True)
+@shared_task(name="jobs.reconcile", base=PeriodicPassTask, ignore_result=True)
 def jobs_reconcile() -> dict[str, int]:
     """Run by beat: re-send the messages of pending jobs that never reached a worker, take back
     the jobs of dead workers (expired leases), terminate cancelled runs past their grace."""

@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class OpsConfig(AppConfig):
-    """Operations: metrics, readiness, the staff dashboard."""
+    """Operations: metrics, readiness, the staff dashboard, the periodic passes' scheduler."""
 
     name = "ops"
     default_auto_field = "django.db.models.BigAutoField"
@@ -21,3 +21,9 @@ class OpsConfig(AppConfig):
         from ops.flower import job_flower_links
 
         job_admin_link("ops.flower")(job_flower_links)
+
+        # Each run of a periodic pass is recorded for /readyz, /metrics and the dashboard.
+        from jobs.extensions import pass_observer
+        from ops.scheduler import periodic_pass_record
+
+        pass_observer("ops.periodic_pass_record")(periodic_pass_record)

@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from ops.scheduler import SchedulerSeen, scheduler_seen
 from ops.selectors import dashboard_snapshot, seconds_text
 
 REFRESH_SECONDS = 10
@@ -76,7 +77,13 @@ def tiles(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     def age(key: str, label: str, seconds: float | None, alert: bool = False) -> dict[str, Any]:
         return {"key": key, "label": label, "value": seconds, "text": seconds_text(seconds), "alert": alert}
 
+    scheduler = snapshot.get("scheduler")
+    scheduler_tiles = [] if scheduler is None else [
+        {**age("scheduler", "Scheduler heartbeat (beat)", scheduler["heartbeat_age"], alert=not scheduler["healthy"]),
+         "text": "never" if scheduler["heartbeat_age"] is None else f"{seconds_text(scheduler['heartbeat_age'])} ago"},
+    ]
     return [
+        *scheduler_tiles,
         count("pending", "Pending jobs", jobs_now["pending"]),
         count("processing", "Processing", jobs_now["processing"]),
         count("completed", f"Completed, {window}", per_minute["completed"]),
@@ -115,9 +122,29 @@ def _due_text(due: str | None, *, now: str) -> str:
     return f"in {seconds_text(seconds)}" if seconds > 0 else "due now"
 
 
+def scheduler_snapshot(seen: SchedulerSeen) -> dict[str, Any]:
+    """The periodic passes' scheduler for the dashboard: its heartbeat's age (seconds by the
+    database's clock, None: never), who leads, and each pass's last run."""
+    return {
+        "healthy": seen.healthy,
+        "beating": seen.beating,
+        "heartbeat_age": seen.heartbeat_ago,
+        "silent_after": seen.silent_after,
+        "leader": seen.holder if seen.beating else None,
+        "epoch": seen.epoch,
+        "passes": [
+            {"name": p.name, "interval": p.interval, "late": p.late, "succeeded_ago": p.succeeded_ago,
+             "duration": p.duration, "runs": p.runs, "failures": p.failures, "skipped": p.skipped,
+             "last_error": p.last_error}
+            for p in seen.passes
+        ],
+    }
+
+
 def dashboard_payload() -> dict[str, Any]:
     """What `/ops/data/` answers and the page embeds: the snapshot, its tiles, the colours."""
     snapshot = dashboard_snapshot(now=timezone.now())
+    snapshot["scheduler"] = scheduler_snapshot(scheduler_seen())
     _add_texts(snapshot)
     return {**snapshot, "tiles": tiles(snapshot), "colors": CHART_COLORS, "refresh_seconds": REFRESH_SECONDS}
 

@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from approvals.models import Question
 from jobs.models import Job, JobEvent
 from jobs.registry import kinds_all
+from ops.scheduler import scheduler_seen
 from ops.workers import WorkerSeen, redis_client, workers_seen
 from waits.models import Wait
 
@@ -353,6 +354,8 @@ class PlatformCollector(Collector):
             WAKE_LATENCY_BUCKETS,
         )
 
+        yield from _scheduler_metrics()
+
     # Redis: the broker's queues and the workers' heartbeats.
     def _redis(self, now: datetime) -> Iterator[Metric]:
         workers = workers_seen(now=now.timestamp())
@@ -383,3 +386,35 @@ class PlatformCollector(Collector):
                 last_job.add_metric([worker.hostname], worker.last_job_at)
         yield heartbeat
         yield last_job
+
+
+def _scheduler_metrics() -> Iterator[Metric]:
+    """The periodic passes' scheduler (ops.scheduler): its heartbeat and each pass's last run,
+    ages by the database's clock; +Inf for what never happened."""
+    seen = scheduler_seen()
+    inf = float("inf")
+    yield GaugeMetricFamily(_name("scheduler_heartbeat_age_seconds"),
+                            "Seconds since the scheduler (celery beat) holding the lease last renewed it (+Inf: no "
+                            "scheduler ever ran). Above 3 heartbeat intervals /readyz answers 503.",
+                            value=inf if seen.heartbeat_ago is None else seen.heartbeat_ago)
+    yield GaugeMetricFamily(_name("scheduler_lease_epoch"),
+                            "How many times the scheduler's lease changed hands (1 after the first start; rising: "
+                            "schedulers dying or taking over).", value=seen.epoch)
+    age = GaugeMetricFamily(_name("periodic_pass_age_seconds"),
+                            "Seconds since each periodic pass last finished without an error (+Inf: never).",
+                            labels=["pass"])
+    duration = GaugeMetricFamily(_name("periodic_pass_duration_seconds"), "How long each pass's last run took.",
+                                 labels=["pass"])
+    runs = CounterMetricFamily(_name("periodic_pass_runs"),
+                               "Runs of each periodic pass, by outcome: succeeded, failed, or skipped (another run "
+                               "of it held its lock).", labels=["pass", "outcome"])
+    for seen_pass in seen.passes:
+        age.add_metric([seen_pass.name], inf if seen_pass.succeeded_ago is None else seen_pass.succeeded_ago)
+        if seen_pass.duration is not None:
+            duration.add_metric([seen_pass.name], seen_pass.duration)
+        runs.add_metric([seen_pass.name, "succeeded"], seen_pass.runs - seen_pass.failures)
+        runs.add_metric([seen_pass.name, "failed"], seen_pass.failures)
+        runs.add_metric([seen_pass.name, "skipped"], seen_pass.skipped)
+    yield age
+    yield duration
+    yield runs

@@ -1,5 +1,9 @@
-"""`GET /metrics` (Prometheus, staff or METRICS_TOKEN) and `GET /readyz` (readiness, open like
-/healthz so that a load balancer or an orchestrator can probe it)."""
+"""`GET /metrics` (Prometheus, staff or METRICS_TOKEN), `GET /healthz` (liveness: the database and
+Redis) and `GET /readyz` (readiness: and a worker for the default queue).
+
+The two probes answer anyone, so that a load balancer or an orchestrator can use them, but only
+with a status; the detail (each check, exception text, workers' hostnames and PIDs, queues) is
+for staff and for the METRICS_TOKEN, the same callers as the metrics."""
 
 from __future__ import annotations
 
@@ -16,7 +20,9 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from jobs.redis_clients import redis_client
 from ops.metrics import PlatformCollector, queue_depths, queue_names
+from ops.scheduler import scheduler_check, scheduler_seen
 from ops.workers import WorkerSeen, workers_seen
 
 
@@ -48,6 +54,16 @@ def metrics_refusal(request: HttpRequest) -> JsonResponse | None:
         return _refusal(403, "permission_denied",
                         "The metrics are for staff: sign in with a staff account, or use the METRICS_TOKEN.")
     return None
+
+
+def sees_detail(request: HttpRequest) -> bool:
+    """May the caller read the probes' detail? Exactly those who may read the metrics."""
+    return metrics_refusal(request) is None
+
+
+def _probe_response(body: dict[str, Any], *, ok: bool, request: HttpRequest) -> JsonResponse:
+    shown = body if sees_detail(request) else {"status": body["status"]}
+    return JsonResponse(shown, status=200 if ok else 503)
 
 
 @never_cache
@@ -99,11 +115,38 @@ def _workers_check(fresh: list[WorkerSeen], queues: list[dict[str, Any]]) -> str
 
 @never_cache
 @require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """200 when the database and Redis answer, 503 (naming the one that does not, to those who
+    see the detail) otherwise."""
+    checks = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception as exc:  # any failure to reach the database is a failed check
+        checks["database"] = _error(exc)
+    try:
+        client = redis_client(socket_timeout=2, socket_connect_timeout=2)
+        try:
+            client.ping()
+        finally:
+            client.close()
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = _error(exc)
+    healthy = all(value == "ok" for value in checks.values())
+    return _probe_response({"status": "ok" if healthy else "unavailable", **checks}, ok=healthy, request=request)
+
+
+@never_cache
+@require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
-    """200 when the database and Redis answer and a worker that consumes the default queue wrote
-    a heartbeat in the last OPS_WORKER_STALE_AFTER seconds; 503 otherwise. Lists each check, each worker (its
-    queues, how long since it was seen and since it last took a job) and each queue (its
-    depth and how many fresh workers consume it)."""
+    """200 when the database and Redis answer, a worker that consumes the default queue wrote
+    a heartbeat in the last OPS_WORKER_STALE_AFTER seconds, and the periodic passes' scheduler
+    beats (its lease renewed within three SCHEDULER_HEARTBEAT_INTERVALs, every pass run lately:
+    `ops.scheduler`); 503 otherwise. Lists each check, each worker (its queues, how long since it
+    was seen and since it last took a job) and each queue (its depth and how many fresh workers
+    consume it)."""
     now = time.time()
     checks: dict[str, str] = {}
     try:
@@ -130,6 +173,13 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["workers"] = _workers_check(fresh, queues)
     if "workers" not in checks:
         checks["workers"] = "error: unknown (Redis did not answer)"
+    if checks["database"] == "ok":
+        try:
+            checks["scheduler"] = scheduler_check(scheduler_seen())
+        except Exception as exc:
+            checks["scheduler"] = _error(exc)
+    else:
+        checks["scheduler"] = "error: unknown (the database did not answer)"
     ready = all(value.startswith("ok") for value in checks.values())
     body = {
         "status": "ready" if ready else "unavailable",
@@ -137,4 +187,4 @@ def readyz(request: HttpRequest) -> JsonResponse:
         "workers": [_worker_report(worker, now) for worker in workers],
         "queues": queues,
     }
-    return JsonResponse(body, status=200 if ready else 503)
+    return _probe_response(body, ok=ready, request=request)

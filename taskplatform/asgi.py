@@ -3,11 +3,12 @@
 Serve it with `uvicorn taskplatform.asgi:application` or `daphne taskplatform.asgi:application`.
 """
 
+import json
 import os
 
 from django.core.asgi import get_asgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.base")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.production")
 # Sync views run in threads here: share a pool of PostgreSQL connections between them
 # (see settings/base.py; no effect on SQLite). Set DATABASE_POOL=false to opt out.
 os.environ.setdefault("DATABASE_POOL", "true")
@@ -20,11 +21,33 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from accounts.websocket import TokenAuthMiddleware, origin_checked  # noqa: E402
 from taskplatform.routing import websocket_urlpatterns  # noqa: E402
 
+
+def body_size_limited(app):
+    """Answer 413 to a request that declares a body over REQUEST_BODY_MAX_BYTES, before reading it:
+    Django's ASGI handler would otherwise spool the whole body to disk first."""
+    from django.conf import settings
+
+    async def limited(scope, receive, send):
+        limit = settings.REQUEST_BODY_MAX_BYTES
+        declared = next((value for name, value in scope.get("headers", ()) if name == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > limit:
+            body = json.dumps({"code": "request_too_large",
+                               "detail": f"the request body is larger than {limit} bytes; send less"}).encode()
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    return limited
+
+
 # Session cookie first, then `?token=KEY` (which wins when given); a browser's Origin must be
 # one of ALLOWED_HOSTS.
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": body_size_limited(django_asgi_app),
         "websocket": origin_checked(AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))),
     }
 )

@@ -5,7 +5,7 @@ import os
 
 from celery import Celery, signals
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.base")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.production")
 
 app = Celery("taskplatform")
 # Every CELERY_* setting in Django's settings configures Celery (see settings/base.py).

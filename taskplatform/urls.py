@@ -2,11 +2,12 @@ from django.apps import apps
 from django.contrib import admin
 from django.urls import include, path
 
+from accounts.login_throttle import admin_login
 from jobs.sse import job_events_stream
-from jobs.views import healthz
 
 urlpatterns = [
-    path("healthz", healthz, name="healthz"),
+    # The admin's sign-in, throttled against password guessing; before the admin's own route.
+    path("admin/login/", admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
     # Server-Sent Events, an async view: before the API's include, which would answer it otherwise.
     path("api/jobs/<str:job_id>/events/stream/", job_events_stream, name="job-events-stream"),

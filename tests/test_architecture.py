@@ -68,8 +68,9 @@ except Resolver404:
     print("not routed")
 print("demo installed" if "demo" in settings.INSTALLED_APPS else "demo absent")
 print("beat:", sorted(entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()))
-client = Client(HTTP_HOST="localhost")
-print("POST /sim/generate/", client.post("/sim/generate/", data="{}", content_type="application/json").status_code)
+client = Client(HTTP_HOST="localhost", secure=True)
+response = client.post("/sim/generate/", data="{}", content_type="application/json", secure=True)
+print("POST /sim/generate/", response.status_code)
 """
 
 

@@ -106,7 +106,7 @@ def test_the_schema_is_migrated_before_the_app_starts(services):
 def test_dockerfile_builds_the_production_image():
     dockerfile = (BASE_DIR / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim\s*$", dockerfile, re.MULTILINE)
-    assert "pip install -r requirements.txt" in dockerfile
+    assert "pip install --require-hashes --no-deps -r requirements.lock" in dockerfile  # tests/security
     assert "DJANGO_SETTINGS_MODULE=taskplatform.settings.production" in dockerfile
     assert "collectstatic --noinput" in dockerfile
 

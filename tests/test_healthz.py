@@ -5,6 +5,14 @@ import pytest
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture
+def client(client, settings):
+    """The detail is for staff and the METRICS_TOKEN (tests/security/test_health_detail.py)."""
+    settings.METRICS_TOKEN = "healthz-probe-token"
+    client.defaults["HTTP_AUTHORIZATION"] = "Bearer healthz-probe-token"
+    return client
+
+
 def test_healthz_is_ok_when_database_and_redis_answer(client):
     response = client.get("/healthz")
     assert response.status_code == 200

@@ -1,19 +1,22 @@
-"""`make run`'s supervisor, for real: it starts the platform, restarts a killed worker, and on
-SIGTERM stops every process it started (Celery's pool children included)."""
+"""`make run`'s supervisor, for real: in a fresh copy of the project (no `var/`) with
+DATABASE_URL and REDIS_URL set, it starts the platform (beat stays up and beats), restarts a
+killed worker, and on SIGTERM stops every process it started (Celery's pool children included)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
 import uuid
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.support.processes import ManagedProcess, child_env, wait_until
+from tests.support.processes import BASE_DIR, ManagedProcess, child_env, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.timeout(300)]
 
@@ -60,7 +63,23 @@ def kill_tree(processes: list[psutil.Process]) -> None:
             pass
 
 
+def fresh_copy(target: Path) -> Path:
+    """The project's files as a fresh clone has them: no var/, no .env, no virtualenv (the
+    supervisor runs this interpreter's), no caches."""
+    shutil.copytree(BASE_DIR, target, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "var", ".env", "__pycache__", ".pytest_cache", ".ruff_cache", "results"))
+    return target
+
+
+def readyz_checks(url: str) -> dict:
+    try:
+        return httpx.get(url, timeout=5).json().get("checks") or {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
 def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_path):
+    clone = fresh_copy(tmp_path / "clone")
     port, flower_port = free_port(), free_port()
     env = child_env(
         HOST="127.0.0.1",
@@ -68,11 +87,13 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
         FLOWER_PORT=str(flower_port),
         REDIS_KEY_PREFIX=f"test-supervisor-{uuid.uuid4().hex[:8]}:",
         WORKER_CONCURRENCY="2",
-        # Not the shared var/ schedule: a `make run` beside the tests would fight over it.
-        BEAT_SCHEDULE_FILE=str(tmp_path / "celerybeat-schedule"),
+        WAITS_DUE_INTERVAL="1",
+        SCHEDULER_HEARTBEAT_INTERVAL="1",
     )
+    assert env["DATABASE_URL"].startswith("postgres") or "sqlite" in env["DATABASE_URL"]
+    assert env["REDIS_URL"]  # the real services, as CI has them: nothing else makes var/
     env.pop("FLOWER_BASIC_AUTH", None)  # the `make run` default: admin:admin
-    supervisor = ManagedProcess("supervisor", [sys.executable, "-m", "devtools.supervisor"], env)
+    supervisor = ManagedProcess("supervisor", [sys.executable, "-m", "devtools.supervisor"], env, cwd=clone)
     supervisor.start()
     assert supervisor.proc is not None
     sup = psutil.Process(supervisor.proc.pid)
@@ -89,6 +110,12 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
         assert f"{base}/healthz" in supervisor.output
         assert f"{base}/admin/" in supervisor.output
         assert f"{flower}  (admin / admin)" in supervisor.output
+
+        # Beat stays up and beats: /readyz's scheduler check turns ok once the passes run.
+        wait_until(lambda: readyz_checks(f"{base}/readyz").get("scheduler", "").startswith("ok"), timeout=90,
+                   message=f"the scheduler never beat: {readyz_checks(f'{base}/readyz')}\n{supervisor.output[-4000:]}")
+        assert not [line for line in supervisor.lines if line.startswith("supervisor| beat (pid")], \
+            "beat died:\n" + supervisor.output[-4000:]
 
         # Kill the worker (not its pool): the supervisor clears its orphans and starts a new one.
         # Both workers (jobs and platform) up before one is killed.
@@ -121,6 +148,8 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
         wait_until(lambda: not [proc for proc in tree if still_running(proc)], timeout=5,
                    message=f"left behind: {[proc.pid for proc in tree if still_running(proc)]}")
         assert "supervisor| stopped" in supervisor.output
+        if "sqlite" not in env["DATABASE_URL"]:
+            assert not (clone / "var").exists(), "something wrote under var/ with DATABASE_URL and REDIS_URL set"
     finally:
         if supervisor.proc.poll() is None:
             seen += sup.children(recursive=True)

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
-from django.http import HttpRequest, HttpResponseRedirect
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -97,11 +98,12 @@ class WaitAdmin(admin.ModelAdmin):
         ]
 
     def _button(self, request: HttpRequest, wait_id: int, service, verb: str) -> HttpResponseRedirect:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
         wait = get_object_or_404(Wait, pk=wait_id)
-        if request.method == "POST" and self.has_operate_permission(request):
-            self._apply(request, [wait], service, verb)
-        else:
-            self.message_user(request, "Not allowed.", messages.ERROR)
+        self._apply(request, [wait], service, verb)
         return HttpResponseRedirect(reverse("admin:waits_wait_change", args=[wait_id]))
 
     def check_now_view(self, request: HttpRequest, wait_id: int) -> HttpResponseRedirect:

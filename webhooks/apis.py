@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs.api_errors import RETRY_AFTER, error_responses
+from jobs.api_lookups import ID, UUIDLookup
 from jobs.errors import PlatformError
 from webhooks.models import Webhook
 from webhooks.serializers import (
@@ -46,7 +47,9 @@ def webhook_get_owned(*, user: object, webhook_id: str) -> Webhook:
         responses={200: WebhookSerializer(many=True), **error_responses(400, 404)},
     ),
     retrieve=extend_schema(
-        summary="Get a webhook", parameters=[RETRY_AFTER], responses={200: WebhookSerializer, **error_responses(404)}
+        summary="Get a webhook",
+        parameters=[ID, RETRY_AFTER],
+        responses={200: WebhookSerializer, **error_responses(404)},
     ),
     create=extend_schema(
         summary="Register a webhook for the caller's jobs",
@@ -54,21 +57,27 @@ def webhook_get_owned(*, user: object, webhook_id: str) -> Webhook:
         "sha256=<hex HMAC-SHA256 of \"{timestamp}.{body}\" keyed by the secret>`; anything but a 2xx is "
         "retried with back-off. The secret is in this answer only.",
         request=WebhookCreateSerializer,
+        examples=[
+            OpenApiExample(
+                "Finished jobs",
+                value={"url": "https://hooks.example.com/jobs", "events": ["completed", "failed"]},
+                request_only=True,
+            )
+        ],
         parameters=[RETRY_AFTER],
         responses={201: WebhookCreatedSerializer, **error_responses(400)},
     ),
     destroy=extend_schema(
         summary="Remove a webhook and its delivery log",
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={204: OpenApiResponse(description="Removed."), **error_responses(404)},
     ),
 )
-class WebhookViewSet(viewsets.GenericViewSet):
+class WebhookViewSet(UUIDLookup, viewsets.GenericViewSet):
     """Outgoing webhooks for job events: `completed`, `failed`, `paused`, `cancelled`, and `question` (one of
     the job's questions opened, was asked again or was escalated)."""
 
     serializer_class = WebhookSerializer
-    lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> QuerySet[Webhook]:
         user = self.request.user
@@ -94,7 +103,7 @@ class WebhookViewSet(viewsets.GenericViewSet):
     @extend_schema(
         operation_id="webhooks_deliveries",
         summary="The webhook's deliveries, newest first",
-        parameters=[RETRY_AFTER],
+        parameters=[ID, RETRY_AFTER],
         responses={200: WebhookDeliverySerializer(many=True), **error_responses(400, 404)},
     )
     @action(detail=True, methods=["get"])

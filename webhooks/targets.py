@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -189,11 +190,43 @@ def webhook_target_resolve(*, url: str) -> WebhookTarget:
     return WebhookTarget(url=parsed, addresses=tuple(addresses))
 
 
+@dataclass(frozen=True)
+class WebhookAnswer:
+    """What a receiver answered: its status, headers and at most WEBHOOK_RESPONSE_MAX_BYTES of body."""
+
+    status_code: int
+    headers: httpx.Headers
+    body: bytes
+
+    @property
+    def is_redirect(self) -> bool:
+        return self.status_code in (301, 302, 303, 307, 308) and "Location" in self.headers
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+
+def _answer_read(response: httpx.Response, *, deadline: float) -> WebhookAnswer:
+    """Read the body up to WEBHOOK_RESPONSE_MAX_BYTES and until `deadline`, whichever comes first:
+    a receiver that streams a huge or endless answer must not hold the worker or its memory."""
+    limit = settings.WEBHOOK_RESPONSE_MAX_BYTES
+    body = bytearray()
+    for chunk in response.iter_raw():
+        body += chunk
+        if len(body) >= limit or time.monotonic() >= deadline:
+            break
+    return WebhookAnswer(status_code=response.status_code, headers=response.headers, body=bytes(body[:limit]))
+
+
 def webhook_target_post(
     *, target: WebhookTarget, content: bytes, headers: dict[str, str], timeout: float
-) -> httpx.Response:
+) -> WebhookAnswer:
     """POST `content` to a resolved target, connecting only to its checked addresses (the next
-    one when a connection to one is refused), never following a redirect.
+    one when a connection to one is refused), never following a redirect. `timeout` bounds each
+    network operation and, checked between reads, the whole attempt; the answer's body is read
+    up to WEBHOOK_RESPONSE_MAX_BYTES, uncompressed (`Accept-Encoding: identity`), and the
+    connection closed after it.
 
     The request goes to the address itself; `Host` carries the URL's host and port, and for https
     the `sni_hostname` request extension makes TLS send the URL's host as SNI and verify the
@@ -213,15 +246,18 @@ def webhook_target_post(
         verify=httpx.create_ssl_context(trust_env=True), trust_env=False, timeout=timeout, follow_redirects=False
     )
     last_error: httpx.ConnectError | None = None
+    deadline = time.monotonic() + timeout
     with client:
         for address in target.addresses[:MAX_ADDRESSES_TRIED]:
             try:
-                return client.post(
+                with client.stream(
+                    "POST",
                     url.copy_with(host=str(address)),
                     content=content,
-                    headers={**headers, "Host": host_header},
+                    headers={**headers, "Host": host_header, "Accept-Encoding": "identity"},
                     extensions=extensions,
-                )
+                ) as response:
+                    return _answer_read(response, deadline=deadline)
             except httpx.ConnectError as exc:  # the next address may answer (IPv6 or IPv4, one server down)
                 last_error = exc
                 logger.info("webhook: cannot connect to %s for %s: %s", address, host, exc)

@@ -2,6 +2,7 @@
 
 from celery import shared_task
 
+from jobs.periodic import PeriodicPassTask
 from webhooks.services import webhook_deliver, webhook_deliveries_send_due
 
 
@@ -11,7 +12,7 @@ def webhook_delivery_attempt(delivery_id: str) -> str:
     return webhook_deliver(delivery_id=delivery_id)
 
 
-@shared_task(name="webhooks.send_due", ignore_result=True)
+@shared_task(name="webhooks.send_due", base=PeriodicPassTask, ignore_result=True)
 def webhooks_retry_due() -> int:
     """Run by beat: send the deliveries whose retry is due."""
     return webhook_deliveries_send_due()

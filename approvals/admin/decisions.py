@@ -22,6 +22,19 @@ CSV_COLUMNS = [
 ]
 
 
+# A cell starting with one of these runs as a formula when the file is opened in a spreadsheet
+# (CSV injection): `=HYPERLINK(...)` in a comment would be a link in an auditor's Excel.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """`value` as a CSV cell that a spreadsheet shows as text: a leading quote before a formula
+    character (OWASP's advice); other values unchanged."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def decisions_csv(decisions: Iterable[Decision], *, filename: str) -> HttpResponse:
     """The ledger rows as a CSV download (UTF-8, one row per decision, oldest first)."""
     response = HttpResponse(content_type="text/csv; charset=utf-8")
@@ -29,12 +42,12 @@ def decisions_csv(decisions: Iterable[Decision], *, filename: str) -> HttpRespon
     writer = csv.writer(response)
     writer.writerow(CSV_COLUMNS)
     for decision in decisions:
-        writer.writerow([
+        writer.writerow([csv_cell(cell) for cell in (
             decision.created_at.isoformat(), decision.job_id, decision.job.kind, decision.question_id,
             decision.question.key, decision.round, decision.kind, decision.actor_name, decision.channel,
             "" if decision.answer is None else json.dumps(decision.answer, sort_keys=True), decision.comment,
             decision.client_address or "", decision.digest, json.dumps(decision.detail, sort_keys=True),
-        ])
+        )])
     return response
 
 

@@ -26,7 +26,7 @@ from approvals.forms import answer_form_for
 from approvals.models import Decision, Question
 from approvals.policies import policy_describe
 from approvals.rendering import answered_message, details_html
-from approvals.schemas import QuestionType, schema_summary
+from approvals.schemas import REASON_MAX_LENGTH, QuestionType, schema_summary
 from approvals.selectors import ANSWER_PERMISSION, question_decisions
 from approvals.services import NotAllowedToAnswer, question_answer, question_check_can_answer, question_link
 from approvals.services.ledger import request_client_address
@@ -40,7 +40,8 @@ PROMPT_SHORT = 60  # characters of a prompt in the inbox; the whole prompt shows
 class QuestionActionForm(ActionForm):
     """The action bar, with the reason that bulk reject records (and bulk approve, if given)."""
 
-    reason = forms.CharField(required=False, label="Reason", widget=forms.TextInput(attrs={"size": 30}))
+    reason = forms.CharField(required=False, label="Reason", max_length=REASON_MAX_LENGTH,
+                             widget=forms.TextInput(attrs={"size": 30}))
 
 
 @admin.register(Question)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest
 
 from approvals.models import Decision, Question
+from jobs.client_address import client_address as _client_address
 
 
 def decision_record(
@@ -57,12 +57,6 @@ def _valid_address(value: str | None) -> str | None:
 
 
 def request_client_address(request: HttpRequest | Any) -> str | None:
-    """The client's IP address for the ledger: REMOTE_ADDR, or the first address of
-    X-Forwarded-For when APPROVALS_TRUST_X_FORWARDED_FOR says a proxy in front sets it (never
-    trust that header otherwise: any client can send it)."""
-    meta = getattr(request, "META", {}) or {}
-    if settings.APPROVALS_TRUST_X_FORWARDED_FOR:
-        forwarded = _valid_address((meta.get("HTTP_X_FORWARDED_FOR") or "").split(",")[0])
-        if forwarded:
-            return forwarded
-    return _valid_address(meta.get("REMOTE_ADDR"))
+    """The client's IP address for the ledger (see `jobs.client_address`: X-Forwarded-For
+    only past TRUSTED_PROXY_COUNT proxies, read from the right)."""
+    return _client_address(request)

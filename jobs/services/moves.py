@@ -84,16 +84,20 @@ def retry_delay(attempt: int) -> float:
 
 
 def job_fail(
-    *, job: Job, code: str, message: str, retry: bool = True, record: Callable[[], None] | None = None
+    *, job: Job, code: str, message: str, retry: bool = True, record: Callable[[], None] | None = None,
+    traceback: str = "",
 ) -> Job:
     """End the run `job` with an error: back to `pending` after a back-off while attempts
     remain (and `retry`), else `failed`. The error is recorded either way. `record` (from a
-    `JobFailure`) writes what must commit with the failure, in the same transaction."""
+    `JobFailure`) writes what must commit with the failure, in the same transaction. A
+    `traceback` is kept on the job's row for the admin only, never in its events (see
+    `jobs.presenters.job_error_public`)."""
     if record is not None:
         with transaction.atomic():
             record()
-            return job_fail(job=job, code=code, message=message, retry=retry)
+            return job_fail(job=job, code=code, message=message, retry=retry, traceback=traceback)
     error = {"code": code, "message": message[:2000]}
+    stored = {**error, "traceback": traceback[:8000]} if traceback else error
     if retry and job.attempts < job.max_attempts:
         delay = retry_delay(job.attempts)
         return job_transition(
@@ -101,7 +105,7 @@ def job_fail(
             to=Status.PENDING,
             from_=[Status.PROCESSING],
             only_attempt=job.attempts,
-            fields={"error": error, "run_after": timezone.now() + timedelta(seconds=delay)},
+            fields={"error": stored, "run_after": timezone.now() + timedelta(seconds=delay)},
             message={"error": error, "retry_in": round(delay, 3), "attempt": job.attempts},
             dispatch=True,
             countdown=delay,
@@ -111,7 +115,7 @@ def job_fail(
         to=Status.FAILED,
         from_=[Status.PROCESSING],
         only_attempt=job.attempts,
-        fields={"error": error},
+        fields={"error": stored},
         message={"error": error},
         has_owner=job.owner_id is not None,
     )

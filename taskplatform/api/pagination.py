@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.paginator import InvalidPage
 from rest_framework import exceptions
 from rest_framework.pagination import PageNumberPagination
+
+# Past any page or page size: a longer number is read as this (int() refuses 4,300 digits).
+BEYOND = 10**18
+
+
+def whole_number(raw: str) -> int:
+    """`raw` as an integer when it is one in ASCII digits (the schema's `integer`; Python's int()
+    also takes ` 1`, `+1`, `1_0` and the digits of other scripts), else 0."""
+    if not re.fullmatch(r"[0-9]+", raw):
+        return 0
+    digits = raw.lstrip("0") or "0"
+    return BEYOND if len(digits) > 18 else int(digits)
 
 
 class ApiPagination(PageNumberPagination):
@@ -24,10 +37,7 @@ class ApiPagination(PageNumberPagination):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is None:
             return self.page_size
-        try:
-            size = int(raw)
-        except ValueError:
-            size = 0
+        size = whole_number(raw)
         if not 1 <= size <= self.max_page_size:
             raise exceptions.ValidationError(
                 {self.page_size_query_param: [f"must be a whole number from 1 to {self.max_page_size}"]}
@@ -35,11 +45,7 @@ class ApiPagination(PageNumberPagination):
         return size
 
     def paginate_queryset(self, queryset: Any, request: Any, view: Any = None) -> list:
-        raw = request.query_params.get(self.page_query_param, "1")
-        try:
-            number = int(raw)
-        except ValueError:
-            number = 0
+        number = whole_number(request.query_params.get(self.page_query_param, "1"))
         if number < 1:
             raise exceptions.ValidationError({self.page_query_param: ["must be a whole number, 1 or more"]})
         self.request = request

@@ -1,7 +1,7 @@
 """The API's routes, included under `api/` by `taskplatform.urls`."""
 
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import SimpleRouter
 
 from approvals.apis import QuestionViewSet
@@ -18,6 +18,6 @@ urlpatterns = [
     path("job-kinds/", JobKindListApi.as_view(), name="job-kind-list"),
     path("wake/<str:token>/", WakeApi.as_view(), name="wait-wake"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     *router.urls,
 ]

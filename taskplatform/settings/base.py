@@ -3,12 +3,17 @@
 Everything comes from the environment (django-environ); `.env.example` lists each variable.
 Without `DATABASE_URL` the platform uses a SQLite file under `var/`; without `REDIS_URL` it
 uses the embedded Redis server that `make run` and `make test` start (see
-`devtools.embedded_redis`). The test and production modules only override.
+`devtools.embedded_redis`).
+
+This module is shared, not run: a process loads `production` (the default of manage.py, the
+ASGI application and the Celery app), `development` (`make run`) or `test` (`make test`), which
+only override. Its own defaults are the safe ones: no debug, and no signing key at all.
 """
 
 from pathlib import Path
 
 import environ
+from csp.constants import NONE, SELF
 
 from jobs.redis_clients import channel_layer_host
 from taskplatform.redis_urls import broker_transport_options_for, redis_url_for_celery
@@ -21,12 +26,19 @@ env = environ.Env()
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-DEBUG = env.bool("DJANGO_DEBUG", default=True)
-SECRET_KEY = env.str(
-    "DJANGO_SECRET_KEY", default="insecure-development-key-change-me-in-production-0123456789"
-)
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+# Signs sessions, CSRF tokens and the wake tokens: production requires it, development has its own.
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+# Proxies in front of the platform that append to X-Forwarded-For (a load balancer, a TLS proxy):
+# the client's address (the decision ledger, the admin's login throttle) is the right-most
+# address past them (jobs/client_address.py). 0: the header is ignored. The older
+# APPROVALS_TRUST_X_FORWARDED_FOR=true counts as one proxy.
+TRUSTED_PROXY_COUNT = env.int(
+    "TRUSTED_PROXY_COUNT", default=1 if env.bool("APPROVALS_TRUST_X_FORWARDED_FOR", default=False) else 0
+)
 
 HOST = env.str("HOST", default="127.0.0.1")
 PORT = env.int("PORT", default=8000)
@@ -47,6 +59,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's files, served locally
     "channels",
+    "csp",
     "accounts",
     "jobs",
     "approvals",
@@ -60,13 +73,35 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's static files under the ASGI server without a separate web server.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # A method the path's view does not declare: 405 with Allow, before sessions or auth.
+    "taskplatform.methods.MethodNotAllowedMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
 ]
+
+# Content-Security-Policy of every response (django-csp): scripts, styles and connections from
+# this site only, so an injected <script> or inline handler does not run. The pages, the admin,
+# the ops dashboard and the API docs carry no inline script or style (tests/security).
+# 'self' covers this site's ws:// and wss:// too (CSP level 3).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
 
 ROOT_URLCONF = "taskplatform.urls"
 ASGI_APPLICATION = "taskplatform.asgi.application"
@@ -103,6 +138,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     # Tests with a real worker process need a file both processes can open, not :memory:.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+    # SQLite creates its file but not its folder (var/ in a fresh clone): whatever names a file makes its folder.
+    for _sqlite_file in (DATABASES["default"]["NAME"], DATABASES["default"]["TEST"]["NAME"]):
+        if _sqlite_file and ":memory:" not in _sqlite_file and "mode=memory" not in _sqlite_file:
+            Path(_sqlite_file).parent.mkdir(parents=True, exist_ok=True)
 elif env.bool("DATABASE_POOL", default=False):
     # The ASGI server (taskplatform/asgi.py turns this on) runs each sync view in a thread of
     # its own, so a persistent connection per thread would leak connections until PostgreSQL
@@ -137,7 +176,14 @@ REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="")
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# The admin's sign-in (accounts/login_throttle.py): after this many failed attempts for one
+# username from one address, or four times as many from one address for any usernames, that
+# address waits LOGIN_LOCKOUT_SECONDS (counted in Redis, so across web processes).
+LOGIN_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+LOGIN_LOCKOUT_SECONDS = env.int("LOGIN_LOCKOUT_SECONDS", default=900)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -151,7 +197,8 @@ STATIC_ROOT = VAR_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").exists() else []
 # Whitenoise finds files through the finders when collectstatic has not run (development).
 WHITENOISE_USE_FINDERS = True
-WHITENOISE_AUTOREFRESH = DEBUG
+# Re-scanning the static files on every request is for development only.
+WHITENOISE_AUTOREFRESH = False
 
 LOGIN_URL = "/admin/login/"
 
@@ -258,7 +305,16 @@ JOBS_PLATFORM_QUEUE = "platform"
 # checks, closing after an error) run around each task (taskplatform/celery.py).
 # https://docs.celeryq.dev/en/stable/django/first-steps-with-django.html
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Beat's scheduler: several `celery beat` may run, the one holding a lease in the database sends
+# (ops/scheduler.py). Its schedule lives in memory, so beat writes no file (the default
+# PersistentScheduler's shelve file needed a folder that only the embedded defaults made).
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html#beat-scheduler
+CELERY_BEAT_SCHEDULER = "ops.scheduler:LeaderScheduler"
+# The leader renews its lease every SCHEDULER_HEARTBEAT_INTERVAL seconds (its heartbeat: /readyz
+# calls the scheduler silent after three) for SCHEDULER_LEASE_SECONDS; a standby takes over once
+# it has expired, so the passes go on at most one lease after their leader died.
+SCHEDULER_HEARTBEAT_INTERVAL = env.float("SCHEDULER_HEARTBEAT_INTERVAL", default=5.0)
+SCHEDULER_LEASE_SECONDS = env.float("SCHEDULER_LEASE_SECONDS", default=15.0)
 CELERY_BEAT_SCHEDULE: dict = {
     "jobs-reconcile": {"task": "jobs.reconcile", "schedule": JOBS_RECONCILE_INTERVAL},
 }
@@ -280,6 +336,15 @@ CHANNEL_LAYERS = {
     }
 }
 
+# --- Input limits ---------------------------------------------------------------------------------
+# The largest request body, in bytes: the API answers 413 past it (taskplatform/api/parsers.py, and
+# the ASGI application before reading a body whose declared length is larger), Django's forms 400.
+REQUEST_BODY_MAX_BYTES = env.int("REQUEST_BODY_MAX_BYTES", default=2_621_440)
+DATA_UPLOAD_MAX_MEMORY_SIZE = REQUEST_BODY_MAX_BYTES
+# The deepest nesting of arrays and objects accepted in JSON from outside (API bodies, the forms'
+# JSON fields): deeper is a 400, measured before parsing (jobs/json_input.py).
+JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=64)
+
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -289,7 +354,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["taskplatform.api.parsers.BoundedJSONParser"],
     # Every error, the platform's and DRF's own, as {"code", "detail", "field"?}.
     "EXCEPTION_HANDLER": "jobs.api_errors.api_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "taskplatform.api.pagination.ApiPagination",
@@ -320,12 +385,19 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "taskplatform.api.schema.add_healthz",
+        "taskplatform.api.schema.add_job_kinds",
+        "taskplatform.api.schema.single_blank_branch",
     ],
+    # A request's string that may not be blank says `minLength: 1`.
+    "ENFORCE_NON_BLANK_FIELDS": True,
 }
 # Outgoing webhooks (the API's push side): timeout of one attempt, attempts before a delivery
 # fails for good, back-off base * 2**(attempt-1) seconds capped at max, and how often beat looks
 # for due retries.
 WEBHOOK_TIMEOUT = env.float("WEBHOOK_TIMEOUT", default=10.0)
+# The most of a receiver's answer that is read (its start is logged on the delivery); the rest is
+# never downloaded.
+WEBHOOK_RESPONSE_MAX_BYTES = env.int("WEBHOOK_RESPONSE_MAX_BYTES", default=65_536)
 WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=8)
 WEBHOOK_RETRY_BASE = env.float("WEBHOOK_RETRY_BASE", default=10.0)
 WEBHOOK_RETRY_MAX = env.float("WEBHOOK_RETRY_MAX", default=3600.0)
@@ -349,10 +421,6 @@ CELERY_BEAT_SCHEDULE["approvals-enforce-deadlines"] = {
     "task": "approvals.enforce_deadlines",
     "schedule": APPROVALS_DEADLINE_INTERVAL,
 }
-# The decision ledger records the client's address: REMOTE_ADDR, or the first X-Forwarded-For
-# address when this says a proxy in front of the platform sets that header (else anyone could
-# write any address into the ledger).
-APPROVALS_TRUST_X_FORWARDED_FOR = env.bool("APPROVALS_TRUST_X_FORWARDED_FOR", default=False)
 # HMAC-SHA256 key of the webhooks a job kind names (`notify_webhook`) for its questions; empty:
 # those webhooks are not sent.
 APPROVALS_WEBHOOK_SECRET = env.str("APPROVALS_WEBHOOK_SECRET", default="")

@@ -1,8 +1,8 @@
-"""Settings for `make test`: the base settings with faster password hashing."""
+"""Settings for `make test`: the development settings with faster password hashing."""
 
 import uuid as _uuid
 
-from taskplatform.settings.base import *  # noqa: F403
+from taskplatform.settings.development import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Short back-off so retry tests do not sleep.

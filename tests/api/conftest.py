@@ -1,6 +1,9 @@
-"""Fixtures of the API tests: users with tokens, and a job paused on a question."""
+"""Fixtures of the API tests: users with tokens, a job paused on a question, a real server."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.contrib.auth.models import Group
@@ -11,6 +14,7 @@ from approvals.models import Question
 from jobs.runner import job_execute
 from jobs.services import job_submit
 from tests.conftest import make_user, reviewers_group
+from tests.live.conftest import asgi_server, wait_until_serving
 
 
 def client_for(user) -> APIClient:
@@ -72,3 +76,17 @@ def dispatched(monkeypatch) -> list:
     sent: list = []
     monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda *, job, countdown=None: sent.append(job.pk))
     return sent
+
+
+@contextmanager
+def api_server_running(**env: str) -> Iterator[str]:
+    """uvicorn on the test database (a test with it must be transactional), with `env` on top of
+    what the tests' processes share; yields its base URL."""
+    server = asgi_server()
+    server.env = {**server.env, **env}
+    server.start()
+    try:
+        wait_until_serving(server.url)
+        yield server.url
+    finally:
+        server.stop()

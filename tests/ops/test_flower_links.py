@@ -116,7 +116,9 @@ def test_a_running_flower_finds_the_jobs_task_through_the_link(worker, flower, s
         wait_until(lambda: Job.objects.get(pk=job.pk).status == Job.Status.COMPLETED, timeout=30)  # noqa: B023
         link = flower_tasks_url(kind=job.kind, job_id=job.pk)
         try:
-            rows = wait_until(lambda: flower_tasks(flower, flower_initial_search(link)), timeout=10)  # noqa: B023
+            # Flower learns the task's states from events, one after another: wait for its success.
+            rows = wait_until(lambda: [row for row in flower_tasks(flower, flower_initial_search(link))  # noqa: B023
+                                       if row["state"] == "SUCCESS"], timeout=10)
         except AssertionError:
             continue
         break

@@ -1,4 +1,5 @@
-"""GET /readyz: the database, Redis and the workers' heartbeats, with real worker processes."""
+"""GET /readyz: the database, Redis and the workers' heartbeats, with real worker processes (the
+scheduler's heartbeat: test_scheduler.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,17 @@ from tests.support.processes import celery_worker, wait_until
 pytestmark = pytest.mark.django_db
 
 
+PROBE_TOKEN = "readiness-probe-token"
+
+
+@pytest.fixture(autouse=True)
+def probe_token(settings):
+    """The detail of /readyz is for staff and the METRICS_TOKEN (tests/security/test_health_detail.py)."""
+    settings.METRICS_TOKEN = PROBE_TOKEN
+
+
 def readyz(client) -> tuple[int, dict]:
-    response = client.get("/readyz")
+    response = client.get("/readyz", HTTP_AUTHORIZATION=f"Bearer {PROBE_TOKEN}")
     return response.status_code, response.json()
 
 
@@ -40,7 +50,7 @@ def test_without_any_worker_it_is_503_naming_the_missing_workers(client, own_pre
     assert {"name": "jobs", "workers": 0} in [{"name": q["name"], "workers": q["workers"]} for q in body["queues"]]
 
 
-def test_a_worker_seen_too_long_ago_does_not_make_it_ready(client, own_prefix, settings):
+def test_a_worker_seen_too_long_ago_does_not_make_it_ready(client, own_prefix, settings, scheduler_beating):
     settings.OPS_WORKER_STALE_AFTER = 30
     worker_heartbeat(hostname="old@host", queues=["jobs"], started_at=time.time() - 600)
     record = json.loads(redis_client().hget(workers_key(), "old@host"))
@@ -78,7 +88,7 @@ def test_redis_down_is_503_naming_redis(client, settings, tmp_path):
 
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
-def test_the_live_worker_reports_its_queues_and_when_it_last_took_a_job(client, worker):
+def test_the_live_worker_reports_its_queues_and_when_it_last_took_a_job(client, worker, scheduler_beating):
     status, body = readyz(client)
     assert status == 200, body
     consumers = [w for w in body["workers"] if w["fresh"] and "jobs" in w["queues"]]

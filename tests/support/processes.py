@@ -53,10 +53,12 @@ def child_env(**extra: str) -> dict[str, str]:
 class ManagedProcess:
     """A child process in its own process group, its output collected for assertions."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], ready_marker: str | None = None) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], ready_marker: str | None = None,
+                 cwd: Path | None = None) -> None:
         self.name = name
         self.argv = argv
         self.env = env
+        self.cwd = cwd or BASE_DIR
         self.ready_marker = ready_marker
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
@@ -67,7 +69,7 @@ class ManagedProcess:
         self._ready.clear()
         self.proc = subprocess.Popen(
             self.argv,
-            cwd=BASE_DIR,
+            cwd=self.cwd,
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -146,9 +148,11 @@ def celery_worker(*, concurrency: int = 2, queues: str | None = None, extra_args
     return ManagedProcess(name, argv, child_env(**(env or {})), ready_marker=" ready.")
 
 
-def celery_beat(*, schedule_file: str, env: dict[str, str] | None = None, name: str = "beat") -> ManagedProcess:
-    """Celery beat as `make run` starts it (its schedule file in a test's tmp dir)."""
-    argv = [str(VENV_BIN / "celery"), "-A", "taskplatform", "beat", "--loglevel", "INFO", "--schedule", schedule_file]
+def celery_beat(*, env: dict[str, str] | None = None, name: str = "beat",
+                schedule_file: str | None = None) -> ManagedProcess:
+    """Celery beat as `make run` starts it. Its scheduler (ops.scheduler) writes no schedule file:
+    `schedule_file` is accepted for older callers and ignored."""
+    argv = [str(VENV_BIN / "celery"), "-A", "taskplatform", "beat", "--loglevel", "INFO"]
     return ManagedProcess(name, argv, child_env(**(env or {})), ready_marker="beat: Starting")
 
 

@@ -174,6 +174,9 @@ API = [
 
 PAGES = [
     r("jobs/", "/jobs/",                                              302, 200, 302, 302, 200, 200),
+    # Any signed-in user may submit, as through the API; this body is refused by the form (400).
+    r("jobs/submit/", "/jobs/submit/",                                302, 400, 302, 302, 400, 400,
+      method="post", body={"kind": "test.ask", "input_json": "[]"}),
     r("jobs/<uuid:job_id>/", "/jobs/{job}/",                          302, 404, 302, 302, 200, 200),
     r("jobs/<uuid:job_id>/panel/", "/jobs/{job}/panel/",              302, 404, 302, 302, 200, 200),
     r("jobs/<uuid:job_id>/questions/<uuid:question_id>/answer/", "/jobs/{job}/questions/{question}/answer/",

@@ -149,3 +149,15 @@ def stubborn(ctx, input):
     _busy(input["seconds"])
     ctx.step("b", lambda: step_run_count(job_id=ctx.job_id, step="b") or "done")
     return {"finished": True}
+
+
+@job_kind("test.lines", input_schema={
+    "type": "object",
+    "properties": {"documents": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                   "urgent": {"type": "boolean"}},
+    "required": ["documents"],
+    "additionalProperties": False,
+})
+def lines(ctx, input):
+    """Takes a list of texts (the submit form asks for one per line)."""
+    return {"count": len(input["documents"])}

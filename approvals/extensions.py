@@ -1,7 +1,7 @@
 """What approvals plugs into the jobs core (`jobs.extensions`), registered once at start-up by
 `ApprovalsConfig.ready()`: `ctx.ask` and `ctx.question`, the closing of a cancelled job's
-questions, a reviewer's view of the jobs they are asked about, the questions on a job's page
-and the decision ledger on its admin page."""
+questions, a reviewer's view of the jobs they are asked about, the questions on a job's page,
+the decision ledger on its admin page, and the answering of questions in `jobs.testing`."""
 
 from __future__ import annotations
 
@@ -34,3 +34,7 @@ def register() -> None:
         pages.open_questions_section
     )
     extensions.job_admin_inline(JobDecisionInline, order=10)
+
+    from approvals.testing import answer_paused_job
+
+    extensions.harness_driver("approvals.answer", status=Job.Status.PAUSED)(answer_paused_job)

@@ -2,6 +2,7 @@
 context by `approvals.extensions` (the core knows nothing of questions).
 
     answer = ctx.ask("approve", "Publish this?", schema=approval(), details={"draft": draft})
+    decision = ctx.ask("approve", "Publish this?", answer=Approval, details=draft)   # typed: an Approval
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from approvals.models import Question
-from approvals.schemas import APPROVAL_SCHEMA
+from approvals.schemas import APPROVAL_SCHEMA, answer_schema
 from approvals.services import question_ask_again, question_open, question_spec_build
 from approvals.services.asking import default_assignees
 from approvals.services.rechecking import answer_recheck
+from jobs import typed
 from jobs.runtime import JobFailure, PauseForResolution
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ def ask(
     prompt: str,
     *,
     schema: dict | None = None,
+    answer: Any = None,
     details: Any = None,
     assignees: str | list[str] | None = None,
     required_approvals: int = 1,
@@ -83,9 +86,15 @@ def ask(
     answer is not used: the question is asked again as a new round (still-valid votes carry
     over), the job pauses again, and the ledger says why (`reviewer_no_longer_allowed`,
     `policy_changed`, `approval_stale`).
+
+    `answer` (a pydantic model, an `Enum`, a `Literal`, …) types the answer: the schema, and so
+    the admin's and the job page's form, is derived from it (unless `schema` is given too, e.g.
+    a `choice(...)` with labels), and the answer comes back as an instance of it. `details`
+    may be a model too.
     """
-    schema = schema if schema is not None else APPROVAL_SCHEMA
-    details = details if details is not None else {}
+    if schema is None:
+        schema = answer_schema(answer) if answer is not None else APPROVAL_SCHEMA
+    details = typed.to_json(details) if details is not None else {}
     digest = question_digest(prompt=prompt, schema=schema, details=details)
     question = Question.objects.select_related("job").filter(job_id=ctx.job_id, key=key).first()
     if question is not None and question.digest != digest:
@@ -107,10 +116,21 @@ def ask(
             assignees=spec.get("assignees") or default_assignees(), valid_for=spec["valid_for"],
         )
         if verdict.holds:
-            return question.answer
+            return _answer_as(answer, key, question.answer)
         raise _ask_again(spec, verdict.because)
     # New, or cancelled/expired and asked again after a retry.
     raise _pause(spec)
+
+
+def _answer_as(answer_type: Any, key: str, value: Any) -> Any:
+    if answer_type is None:
+        return value
+    try:
+        return typed.from_json(answer_type, value)
+    except typed.ValidationError as exc:
+        field, message = typed.error_field(exc, "answer")
+        raise JobFailure("invalid_answer", f"the answer to question {key!r} does not fit "
+                         f"{getattr(answer_type, '__name__', answer_type)}: {field}: {message}") from None
 
 
 def question(ctx: JobContext, key: str) -> Question | None:

@@ -11,6 +11,9 @@ mark them with `x-question` so the admin knows which form to draw:
     ctx.ask("fix", "Correct the amounts", schema=form({"type": "object", "properties": {...}}))
 
 A schema written by hand works too: its type is recognised from its shape (`question_type`).
+So does a type: `ctx.ask(..., answer=Model)` derives the schema from a pydantic model (a flat
+one is a form), an `Enum` or `Literal` (a choice), and returns the answer as that type; the
+models `Approval` and `ApprovalWithReason` are the approve/reject schemas below.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from jsonschema import Draft202012Validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from jobs import typed
 
 # How a schema's shape is read (the order of properties, choices, flat objects) is shared with the
 # jobs core's schema forms, which draw a kind's input the same way an answer form is drawn.
@@ -84,6 +90,50 @@ def approval(*, reason_max_length: int = REASON_MAX_LENGTH) -> dict:
         "if": {"properties": {"approved": {"const": False}}, "required": ["approved"]},
         "then": {"properties": {"reason": {"minLength": 1}}, "required": ["reason"]},
     }
+
+
+def _exactly(schema: dict):
+    """A pydantic `json_schema_extra` that makes a model's JSON Schema exactly `schema`, so a
+    typed question's digest (and form) is the same as the hand-written one's."""
+
+    def replace(derived: dict[str, Any], cls: Any = None) -> None:
+        derived.clear()
+        derived.update(schema)
+
+    return replace
+
+
+class Approval(BaseModel):
+    """`ctx.ask(key, prompt, answer=Approval)`: approve or reject with an optional reason; the
+    question's schema is `APPROVAL_SCHEMA` (the default of `ctx.ask`)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_exactly(APPROVAL_SCHEMA))
+
+    approved: bool
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+class ApprovalWithReason(Approval):
+    """`ctx.ask(key, prompt, answer=ApprovalWithReason)`: approve, or reject with a reason; the
+    question's schema is `approval()`. The type quorum questions use."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_exactly(approval()))
+
+    @model_validator(mode="after")
+    def _reason_to_reject(self) -> ApprovalWithReason:
+        if not self.approved and not (self.reason or "").strip():
+            raise ValueError("a rejection needs a reason")
+        return self
+
+
+def answer_schema(answer_type: Any) -> dict:
+    """The question schema of `ctx.ask(..., answer=answer_type)`: derived from the type (see
+    `jobs.typed.schema_of`), marked as a form when it is an object that no other question type
+    recognises, so the admin draws one field per property in the model's order."""
+    schema = typed.schema_of(answer_type)
+    if question_type(schema) == QuestionType.FORM and isinstance(schema.get("properties"), dict):
+        schema = form(schema)
+    return schema
 
 
 def _options(options: Sequence[Any] | dict[Any, str]) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from django.forms.models import _get_foreign_key
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from jobs.admin_actions import admin_apply_each
@@ -21,6 +22,7 @@ from jobs.json_input import json_parse
 from jobs.models import Job
 from jobs.presenters import json_block, time_with_age
 from jobs.registry import kinds_all
+from jobs.selectors import job_children_counts
 from jobs.services import job_cancel, job_retry, job_submit
 
 
@@ -59,7 +61,7 @@ class JobAdmin(admin.ModelAdmin):
     # The live box is the same as on /jobs/{id}/ (jobs/_live.html and live.js).
     change_form_template = "admin/jobs/job/change_form.html"
     fieldsets = (
-        (None, {"fields": ("id", "kind", "owner", "attempts_display", "links")}),
+        (None, {"fields": ("id", "kind", "owner", "attempts_display", "family", "links")}),
         ("Data", {"fields": ("input_display", "error_display", "checkpoint_display")}),
         ("Times (UTC)", {"fields": ("created_display", "updated_display", "started_display", "finished_display",
                                     "run_after_display")}),
@@ -67,7 +69,7 @@ class JobAdmin(admin.ModelAdmin):
     readonly_fields = (
         "id", "kind", "owner", "attempts_display", "input_display", "error_display", "checkpoint_display",
         "created_display",
-        "updated_display", "started_display", "finished_display", "run_after_display", "links",
+        "updated_display", "started_display", "finished_display", "run_after_display", "links", "family",
     )
 
     # -- list columns --------------------------------------------------------------------------
@@ -130,6 +132,25 @@ class JobAdmin(admin.ModelAdmin):
             if fields:
                 fieldsets.append((name, {**options, "fields": fields}))
         return fieldsets
+
+    @admin.display(description="parent and children")
+    def family(self, job: Job) -> str:
+        """The job that spawned this one, and how the jobs it spawned stand (`ctx.spawn`)."""
+        parts = []
+        if job.parent_id:
+            parent = Job.objects.filter(pk=job.parent_id).only("kind").first()
+            parts.append(format_html('spawned by <a href="{}">{} {}</a> as <code>{}</code>',
+                                     reverse("admin:jobs_job_change", args=[job.parent_id]),
+                                     parent.kind if parent else "job", str(job.parent_id)[:8], job.spawn_key))
+        counts = job_children_counts(job)
+        if counts:
+            summary = ", ".join(f"{count} {status}" for status, count in counts.items())
+            url = reverse("admin:jobs_job_changelist") + f"?parent__id__exact={job.pk}"
+            parts.append(format_html('<a href="{}">{} children</a>: {}', url, sum(counts.values()), summary))
+        return mark_safe("<br>".join(parts)) if parts else "—"  # each part is built with format_html
+
+    def lookup_allowed(self, lookup, value, request=None):
+        return lookup == "parent__id__exact" or super().lookup_allowed(lookup, value, request)
 
     @admin.display(description="links")
     def links(self, job: Job) -> str:

@@ -7,5 +7,11 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from jobs import children, extensions
+
+        # Child jobs are the core's own, registered the way the feature apps register theirs.
+        extensions.context_method("spawn")(children.spawn)
+        extensions.context_method("map")(children.map_children)
+        extensions.context_method("gather")(children.gather)
         # Every app's `kinds` module registers its job kinds (like admin.autodiscover).
         autodiscover_modules("kinds")

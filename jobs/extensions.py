@@ -14,6 +14,9 @@ it learns about questions, waits, webhooks and the rest only through what is reg
   feature shows on a job's page and admin page.
 - **Periodic passes** (`pass_observer`): told after each run of a pass beat sends (`ops` records
   them for /readyz, /metrics and the dashboard).
+- **Test harness drivers** (`harness_driver`): how `jobs.testing` plays a feature's suspension
+  in-process, as the platform would (answer a question, deliver a wait's result, let a deadline
+  pass on the test clock), and the test doubles a run needs (a fake outside service).
 
 Like Django's own contrib apps (`django.contrib.admin` knows no app; each app registers with
 it), registration is explicit and happens once, at start-up. Registering the same name twice
@@ -28,9 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "HarnessDriver",
     "PassEvent",
     "TransitionHook",
     "context_method",
+    "context_method_names",
+    "harness_driver",
+    "harness_drivers",
     "job_admin_inline",
     "job_admin_inlines",
     "job_admin_link",
@@ -62,9 +69,18 @@ def context_method(name: str) -> Callable[[Callable[..., Any]], Callable[..., An
             raise ValueError(f"ctx.{name} is part of the core runtime and cannot be replaced by an extension")
         fn._registered_context_method = True  # type: ignore[attr-defined]
         setattr(JobContext, name, fn)
+        _context_methods[name] = fn
         return fn
 
     return register
+
+
+_context_methods: dict[str, Callable[..., Any]] = {}
+
+
+def context_method_names() -> list[str]:
+    """The names of the `ctx` methods the apps registered (`ask`, `wait_for`, `spawn`, …)."""
+    return sorted(_context_methods)
 
 
 # -- transition hooks --------------------------------------------------------------------------
@@ -218,3 +234,45 @@ def pass_observer(name: str) -> Callable[[Callable[[PassEvent], None]], Callable
 
 def pass_observers() -> list[Callable[[PassEvent], None]]:
     return list(_pass_observers.values())
+
+
+# -- test harness drivers ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class HarnessDriver:
+    """How `jobs.testing.run_kind` plays one feature's suspension in-process, without Celery.
+
+    `resume(job, run)` is called for a job of the run that is suspended in `status` (`paused`
+    or `waiting`) while nothing else can run: it does what the outside world would (a person
+    answers the question, the service calls back, the clock passes a deadline or a backup mark
+    and beat's pass runs) and returns True when it did something, False when this driver has
+    nothing to do for the job. It may raise `jobs.testing.HarnessError` when the test gave it no
+    way on (no answer for a question without a deadline).
+
+    `prepare(ctx, run)`, when given, is called on each run's context before the handler runs:
+    it installs the test doubles the feature needs (a fake outside service for `ctx.wait_for`).
+    `run` is the `jobs.testing.KindRun` (its `answers`, `wait_results`, `clock`).
+    """
+
+    name: str
+    status: str
+    resume: Callable[[Any, Any], bool]
+    prepare: Callable[[Any, Any], None] | None = None
+
+
+_harness_drivers: dict[str, HarnessDriver] = {}
+
+
+def harness_driver(name: str, *, status: str, prepare: Callable[[Any, Any], None] | None = None,
+                   ) -> Callable[[Callable[[Any, Any], bool]], Callable[[Any, Any], bool]]:
+    """Register the decorated `resume(job, run)` as the harness driver `name` for jobs
+    suspended in `status`."""
+
+    def register(fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
+        _harness_drivers[name] = HarnessDriver(name=name, status=status, resume=fn, prepare=prepare)
+        return fn
+
+    return register
+
+
+def harness_drivers() -> list[HarnessDriver]:
+    return [_harness_drivers[name] for name in sorted(_harness_drivers)]

@@ -127,6 +127,17 @@ class Job(models.Model):
     # operators and for terminating a run that ignores a cancellation.
     worker = models.CharField(max_length=200, blank=True, default="")
     task_id = models.CharField(max_length=64, blank=True, default="")
+    # Child jobs (`ctx.spawn`, `ctx.map`): the job that spawned this one, and the key it was
+    # spawned under (unique per parent: a replay of the parent finds it instead of spawning again).
+    # Not indexed on its own: the unique constraint's index starts with parent.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children", db_index=False
+    )
+    spawn_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # While the job is `waiting` in `ctx.gather`: {"ids": [child ids], "policy": "fail_fast" | "collect"}.
+    # A child that ends reads it (under this row's lock) to wake the job exactly once; any move
+    # back to `pending` clears it.
+    gathering = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -141,6 +152,11 @@ class Job(models.Model):
                 fields=["owner", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
                 name="job_unique_idempotency_key_per_owner",
+            ),
+            models.UniqueConstraint(
+                fields=["parent", "spawn_key"],
+                condition=Q(parent__isnull=False),
+                name="job_unique_spawn_key_per_parent",
             ),
             models.CheckConstraint(
                 condition=Q(

@@ -31,7 +31,7 @@ from jobs.forms import JobInputForm
 from jobs.models import Job
 from jobs.presenters import job_error_public, json_pretty, time_with_age
 from jobs.registry import kind_get, kinds_all
-from jobs.selectors import job_get_visible, jobs_visible_to
+from jobs.selectors import job_children_counts, job_get_visible, jobs_visible_to
 from jobs.services import job_submit
 
 LIST_PAGE_SIZE = 50  # jobs a page on /jobs/
@@ -211,7 +211,25 @@ def job_submit_page(request: HttpRequest) -> HttpResponse:
 def job_detail_page(request: HttpRequest, job_id: Any) -> HttpResponse:
     """`/jobs/{id}/`: progress bar, status, the growing timeline, result or error, answer form."""
     job = visible_or_404(request, job_id)
-    return render(request, "jobs/job_detail.html", live_context(request, job))
+    return render(request, "jobs/job_detail.html", {**live_context(request, job), **family_context(request, job)})
+
+
+CHILDREN_SHOWN = 50
+
+
+def family_context(request: HttpRequest, job: Job) -> dict[str, Any]:
+    """The job's parent (a child's questions say which job they belong to) and its children:
+    counts by status, and the first ones the viewer may see."""
+    counts = job_children_counts(job)
+    visible = jobs_visible_to(request.user)
+    children = list(visible.filter(parent_id=job.pk).order_by("created_at", "pk")[:CHILDREN_SHOWN]) if counts else []
+    return {
+        "parent_job": Job.objects.filter(pk=job.parent_id).first() if job.parent_id else None,
+        "parent_visible": bool(job.parent_id) and visible.filter(pk=job.parent_id).exists(),
+        "children_counts": counts,
+        "children_total": sum(counts.values()),
+        "children": children,
+    }
 
 
 def job_facts(job: Job) -> dict[str, Any]:

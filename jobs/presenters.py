@@ -37,7 +37,8 @@ def job_error_public(error: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def job_as_dict(job: Job) -> dict[str, Any]:
-    """`id`, `kind`, `status`, `input`, `result`, `error`, `progress`, `attempts` and times."""
+    """`id`, `kind`, `status`, `input`, `result`, `error`, `progress`, `attempts`, times and
+    `parent` (the API's `children` list costs a query, so pushes leave it out)."""
     return {
         "id": str(job.pk),
         "kind": job.kind,
@@ -51,6 +52,7 @@ def job_as_dict(job: Job) -> dict[str, Any]:
         "updated_at": iso_utc(job.updated_at),
         "started_at": iso_utc(job.started_at),
         "finished_at": iso_utc(job.finished_at),
+        "parent": str(job.parent_id) if job.parent_id else None,
     }
 
 

@@ -58,7 +58,7 @@ def job_execute(*, job_id: Any, worker: str = "", worker_hostname: str = "", tas
 def _run(kind, ctx: JobContext, job) -> str:
     try:
         try:
-            result = kind.handler(ctx, job.input)
+            result = kind.call(ctx, job.input)  # typed kinds: the model in, JSON out (jobs.registry)
         finally:
             # A progress report held back by coalescing is written before the outcome, so the
             # log ends with the job's last reported state (a lost run raises RunLost here).

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from jobs.errors import JobNotFound
 from jobs.extensions import visibility_rules
@@ -49,3 +49,10 @@ def job_may_manage(*, user: Any, job: Job) -> bool:
     if user is None or not user.is_authenticated or not user.is_active:
         return False
     return bool(user.is_staff or (job.owner_id is not None and job.owner_id == user.pk))
+
+
+def job_children_counts(job: Job) -> dict[str, int]:
+    """How many of the jobs `job` spawned are in each status (`{}` for none)."""
+    rows = Job.objects.filter(parent_id=job.pk).order_by().values_list("status").annotate(n=Count("id"))
+    order = {status: index for index, status in enumerate(Job.Status.values)}
+    return {status: n for status, n in sorted(rows, key=lambda row: order.get(row[0], 99))}

@@ -170,6 +170,9 @@ class JobKindSerializer(serializers.Serializer):
     name = serializers.CharField()
     description = serializers.CharField(allow_blank=True)
     input_schema = JSONObjectField(help_text="JSON Schema (2020-12) that a job's `input` must satisfy.")
+    result_schema = JSONObjectField(
+        allow_null=True, help_text="JSON Schema (2020-12) of a completed job's `result`, when the kind declares one."
+    )
 
 
 class JobProgressSerializer(serializers.Serializer):
@@ -192,14 +195,24 @@ class JobSerializer(serializers.ModelSerializer):
     result = AnyJSONField(read_only=True, allow_null=True, help_text="What the job returned once `completed`.")
     error = JobErrorSerializer(read_only=True, allow_null=True, help_text="The last failure, if any.")
     progress = JobProgressSerializer(read_only=True)
+    parent = serializers.UUIDField(
+        source="parent_id", read_only=True, allow_null=True, help_text="The job that spawned this one, or null."
+    )
+    children = serializers.SerializerMethodField(help_text="The jobs this one spawned, oldest first.")
 
     class Meta:
         model = Job
         fields = [
             "id", "kind", "status", "input", "result", "error", "progress", "attempts", "max_attempts",
-            "idempotency_key", "created_at", "updated_at", "started_at", "finished_at",
+            "idempotency_key", "created_at", "updated_at", "started_at", "finished_at", "parent", "children",
         ]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "array", "items": {"type": "string", "format": "uuid"}})
+    def get_children(self, job: Job) -> list[str]:
+        prefetched = getattr(job, "_prefetched_objects_cache", {}).get("children")
+        rows = prefetched if prefetched is not None else job.children.only("id", "created_at")
+        return [str(child.pk) for child in sorted(rows, key=lambda child: (child.created_at, str(child.pk)))]
 
 
 class JobSubmitSerializer(serializers.Serializer):

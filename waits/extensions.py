@@ -1,7 +1,7 @@
 """What waits plugs into the jobs core (`jobs.extensions`), registered once at start-up by
 `WaitsConfig.ready()`: `ctx.wait_for`, the closing of a cancelled job's waits, a person's view of
-the jobs whose combined wait they may end, that wait's actions on the job's page, and the waits
-on the job's admin page."""
+the jobs whose combined wait they may end, that wait's actions on the job's page, the waits on
+the job's admin page, and a double of the outside service for `jobs.testing`."""
 
 from __future__ import annotations
 
@@ -32,3 +32,9 @@ def register() -> None:
 
     extensions.job_section(pages.SECTION, template="waits/_job_wait.html", order=20)(pages.combined_wait_section)
     extensions.job_admin_inline(WaitInline, order=20)
+
+    from waits.testing import install_service_doubles, resume_waiting_job
+
+    extensions.harness_driver("waits.service", status=Job.Status.WAITING, prepare=install_service_doubles)(
+        resume_waiting_job
+    )

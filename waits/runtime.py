@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.utils import timezone
 
+from jobs import typed
 from jobs.runtime import JobFailure, ParkForWait
 from jobs.timestamps import iso_utc
 from waits.models import Channel, Wait, WaitDecision
@@ -46,7 +47,7 @@ Check = Callable[[str], CheckResult]
 
 def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy: WaitPolicy | None = None,
              service: str = "", person: Person | None = None, timeout: float | timedelta | None = None,
-             on_timeout: Any = None) -> Any:
+             on_timeout: Any = None, result: Any = None) -> Any:
     """`ctx.wait_for`: hand work to an outside service and return its result, without holding a
     worker.
 
@@ -76,13 +77,16 @@ def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy:
     at the last one, the wait goes on until the callback, a person or the deadline. Whichever
     comes first ends it, exactly once, with a row in the wait's ledger naming its channel
     (`callback`, `check`, `person`, `deadline`). See `waits.people`.
+
+    `result` (a pydantic model or another type) types the outcome: `check` may return
+    `CheckResult.succeeded(instance)`, it is stored as JSON, and this call returns an instance.
     """
     ctx.flush()  # a held progress report goes first
     policy = policy or WaitPolicy()
     spec = person_spec_build(key=key, person=person, timeout=timeout, on_timeout=on_timeout)
     wait = wait_open(job_id=ctx.job_id, key=key, service=service, policy=policy, person=spec)
     if wait.state == Wait.State.SUCCEEDED:
-        return wait.result
+        return _result_as(result, key, wait.result)
     wait = wait_execution_begin(wait_id=wait.pk)
     if wait.executions > policy.max_executions:
         _fail(ctx, wait, "wait_backstop",
@@ -90,7 +94,18 @@ def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy:
               f"({policy.max_executions}); stopped as a runaway loop")
     if wait.state == Wait.State.SUBMITTING:
         _submit(ctx, wait, policy, submit)
-    return _check(ctx, wait, policy, check)
+    return _result_as(result, key, _check(ctx, wait, policy, check))
+
+
+def _result_as(result_type: Any, key: str, value: Any) -> Any:
+    if result_type is None:
+        return value
+    try:
+        return typed.from_json(result_type, value)
+    except typed.ValidationError as exc:
+        field, message = typed.error_field(exc, "result")
+        raise JobFailure("invalid_result", f"the result of wait {key!r} does not fit "
+                         f"{getattr(result_type, '__name__', result_type)}: {field}: {message}") from None
 
 
 def _submit(ctx: JobContext, wait: Wait, policy: WaitPolicy, submit: Submit) -> NoReturn:
@@ -128,13 +143,13 @@ def _check(ctx: JobContext, wait: Wait, policy: WaitPolicy, check: Check) -> Any
     # What ended it, if this look does: the callback that woke this run, or a check of our own.
     channel = Channel.CALLBACK if wait.woken_by == "callback" else Channel.CHECK
     if outcome.state == "succeeded":
-        fields.update(state=Wait.State.SUCCEEDED, result=outcome.result, next_due_at=None, ended_by=channel,
-                      ended_at=now)
+        value = typed.to_json(outcome.result)  # a model from check() is stored as JSON
+        fields.update(state=Wait.State.SUCCEEDED, result=value, next_due_at=None, ended_by=channel, ended_at=now)
         done: Event = ("done", {"checks": checks, "executions": wait.executions, "by": channel})
         wait_update(wait=wait, fields=fields, events=[checked, done], run_attempt=ctx.attempt,
-                    decision={"kind": WaitDecision.Kind.SUCCEEDED, "channel": channel, "result": outcome.result,
+                    decision={"kind": WaitDecision.Kind.SUCCEEDED, "channel": channel, "result": value,
                               "detail": {"checks": checks, "external_id": wait.external_id}})
-        return outcome.result
+        return value
     if outcome.state == "failed":
         _fail(ctx, wait, "external_failed", f"{wait.service or 'the service'} failed: {outcome.reason}",
               fields, [checked], channel=channel)

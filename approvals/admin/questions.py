@@ -52,7 +52,7 @@ class QuestionAdmin(admin.ModelAdmin):
     list_display = ("prompt_short", "job_link", "status_label", "time_left", "age")
     list_filter = (InboxFilter, "status", "job__kind", AssigneeFilter, DeadlineFilter)
     search_fields = ("prompt", "key", "=job__id")
-    list_select_related = ("job", "answered_by")
+    list_select_related = ("job", "job__parent", "answered_by")
     action_form = QuestionActionForm
     actions = ("approve_selected", "reject_selected", "export_decisions_csv")
     # The page leads with the decision (admin/approvals/question/_decision.html: the prompt, the
@@ -99,7 +99,14 @@ class QuestionAdmin(admin.ModelAdmin):
     @admin.display(description="job")
     def job_link(self, question: Question) -> str:
         url = reverse("admin:jobs_job_change", args=[question.job_id])
-        return format_html('<a href="{}">{} <code>{}</code></a>', url, question.job.kind, str(question.job_id)[:8])
+        link = format_html('<a href="{}">{} <code>{}</code></a>', url, question.job.kind, str(question.job_id)[:8])
+        parent = question.job.parent
+        if parent is None:
+            return link
+        # A child job's question (ctx.spawn): the job it is part of.
+        parent_url = reverse("admin:jobs_job_change", args=[parent.pk])
+        return format_html('{} <span class="parent-job">in <a href="{}">{} {}</a></span>', link, parent_url,
+                           parent.kind, str(parent.pk)[:8])
 
     @admin.display(description="status", ordering="status")
     def status_label(self, question: Question) -> str:

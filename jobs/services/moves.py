@@ -17,6 +17,7 @@ from jobs.backoff import backoff_with_jitter
 from jobs.errors import JobNotFound
 from jobs.leases import lease_deadline
 from jobs.models import Job
+from jobs.services import family
 from jobs.services.submitting import attempt_budget
 from jobs.services.transitions import job_transition
 
@@ -74,6 +75,7 @@ def job_complete(*, job: Job, result: Any) -> Job:
         only_attempt=job.attempts,
         fields={"result": result, "error": None, "progress_fraction": 1.0},
         has_owner=job.owner_id is not None,
+        has_parent=job.parent_id is not None,
     )
 
 
@@ -118,6 +120,7 @@ def job_fail(
         fields={"error": stored},
         message={"error": error},
         has_owner=job.owner_id is not None,
+        has_parent=job.parent_id is not None,
     )
 
 
@@ -183,16 +186,21 @@ def job_cancel(*, job_id: Any, actor: Any = None, channel: str | None = None) ->
     naming `actor` and the `channel`: admin, api, web or system; its active waits).
 
     A running job stops at its next `ctx` call (its writes are fenced to the run that owns
-    it), so a cancelled job never turns `completed` afterwards.
+    it), so a cancelled job never turns `completed` afterwards. Its unfinished child jobs (and
+    theirs) are cancelled with it, in the same transaction.
     """
-    return job_transition(
-        job_id=job_id,
-        to=Status.CANCELLED,
-        from_=[Status.PENDING, Status.PROCESSING, Status.PAUSED, Status.WAITING],
-        message={"by": getattr(actor, "username", None)},
-        actor=actor,
-        channel=channel,
-    )
+    with transaction.atomic():
+        descendants = family.descendants_lock(job_id=job_id, statuses=family.UNFINISHED)  # deeper rows first
+        job = job_transition(
+            job_id=job_id,
+            to=Status.CANCELLED,
+            from_=[Status.PENDING, Status.PROCESSING, Status.PAUSED, Status.WAITING],
+            message={"by": getattr(actor, "username", None)},
+            actor=actor,
+            channel=channel,
+        )
+        family.descendants_cancel(rows=descendants, actor=actor, channel=channel)
+    return job
 
 
 def job_retry(*, job_id: Any, actor: Any = None) -> Job:
@@ -201,22 +209,27 @@ def job_retry(*, job_id: Any, actor: Any = None) -> Job:
     Finished steps stay checkpointed and answered questions stay answered, so the new run
     picks up where the last one stopped. `attempts` keeps counting (it fences each run's
     writes, so a cancelled run that is still winding down can never write into the new one);
-    the budget grows instead.
+    the budget grows instead. Its failed and cancelled child jobs (and theirs) are retried with
+    it, so that its new run finds them running again.
     """
     kind = Job.objects.filter(pk=job_id).values_list("kind", flat=True).first()
     if kind is None:
         raise JobNotFound(f"job {job_id} does not exist")
-    return job_transition(
-        job_id=job_id,
-        to=Status.PENDING,
-        from_=[Status.FAILED, Status.CANCELLED],
-        fields={
-            "max_attempts": F("attempts") + attempt_budget(kind),
-            "error": None,
-            "result": None,
-            "run_after": None,
-        },
-        message={"by": getattr(actor, "username", None), "retry": True},
-        dispatch=True,
-    )
+    with transaction.atomic():
+        descendants = family.descendants_lock(job_id=job_id, statuses=family.RETRYABLE)  # deeper rows first
+        job = job_transition(
+            job_id=job_id,
+            to=Status.PENDING,
+            from_=[Status.FAILED, Status.CANCELLED],
+            fields={
+                "max_attempts": F("attempts") + attempt_budget(kind),
+                "error": None,
+                "result": None,
+                "run_after": None,
+            },
+            message={"by": getattr(actor, "username", None), "retry": True},
+            dispatch=True,
+        )
+        family.descendants_retry(rows=descendants, actor=actor)
+    return job
 

@@ -40,6 +40,7 @@ def job_transition(
     only_attempt: int | None = None,
     where: Q | None = None,
     has_owner: bool | None = None,
+    has_parent: bool | None = None,
     actor: Any = None,
     channel: str | None = None,
 ) -> Job:
@@ -53,7 +54,8 @@ def job_transition(
     hooks registered for `to` run (`jobs.extensions.transition_hook`), with `actor` and `channel`
     (who asked, through what). `has_owner` (when the caller knows; an owner never changes) lets
     an ownerless job's move skip the transaction that owners-only hooks would need (see
-    `_transition_transaction`). With `dispatch`,
+    `_transition_transaction`); so does `has_parent` (a child's end wakes a parent that gathers
+    it, in the same transaction: `jobs.services.family`). With `dispatch`,
     the job's Celery task is sent after the commit (after `countdown` seconds). Raises
     JobNotFound, or InvalidTransition naming the current status.
     """
@@ -68,11 +70,12 @@ def job_transition(
         values["finished_at"] = now
     elif to == Status.PENDING:
         values["finished_at"] = None
+        values["gathering"] = None  # runnable again: no longer parked in ctx.gather
     if to not in (Status.PROCESSING, Status.CANCELLED):
         values["lease_expires_at"] = None
     values.update(fields or {})
 
-    with _transition_transaction(to, has_owner):
+    with _transition_transaction(to, has_owner, has_parent):
         rows = Job.objects.filter(pk=job_id, status__in=sources)
         if only_attempt is not None:
             rows = rows.filter(attempts=only_attempt)
@@ -89,13 +92,17 @@ def job_transition(
         # and waits, queued webhook deliveries) committed with it.
         for hook in transition_hooks_for(to, has_owner=job.owner_id is not None):
             hook.fn(job=job, to=to, actor=actor, channel=channel)
+        if to in Job.TERMINAL and job.parent_id is not None:
+            from jobs.services.family import parent_child_ended  # the family module builds on this one
+
+            parent_child_ended(child=job)
         if dispatch:
             # `job_dispatch` is looked up when called: the one seam tests replace to keep a job unsent.
             transaction.on_commit(lambda: job_dispatch(job=job, countdown=countdown), robust=True)
     return job
 
 
-def _transition_transaction(to: str, has_owner: bool | None) -> AbstractContextManager:
+def _transition_transaction(to: str, has_owner: bool | None, has_parent: bool | None = None) -> AbstractContextManager:
     """The transaction of one move. On PostgreSQL a move that writes nothing else (no transition
     hook runs for it, e.g. a job without an owner whose webhooks would be told) is ONE statement, the UPDATE and
     its event's INSERT as a CTE, and so atomic on its own: outside a caller's transaction it runs
@@ -103,7 +110,7 @@ def _transition_transaction(to: str, has_owner: bool | None) -> AbstractContextM
     ownerless job). Its after-commit work (the push, a dispatch) then runs right after the
     statement, as after a COMMIT."""
     connection = transaction.get_connection()
-    alone = not transition_hooks_for(to, has_owner=has_owner)
+    alone = not transition_hooks_for(to, has_owner=has_owner) and (to not in Job.TERMINAL or has_parent is False)
     if connection.vendor == "postgresql" and not connection.in_atomic_block and alone:
         return nullcontext()
     return transaction.atomic()

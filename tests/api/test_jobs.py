@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 JOB_FIELDS = {
     "id", "kind", "status", "input", "result", "error", "progress", "attempts", "max_attempts", "idempotency_key",
-    "created_at", "updated_at", "started_at", "finished_at",
+    "created_at", "updated_at", "started_at", "finished_at", "parent", "children",
 }
 
 

@@ -24,6 +24,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -73,7 +74,13 @@ class World:
 
 
 def world_build(number: int = 0) -> World:
-    """Users and objects for one row (a `fresh` row builds one per caller, `number` apart)."""
+    """Users and objects for one row (a `fresh` row builds one per caller, `number` apart). Its
+    jobs are run here, in this process: no message goes to a worker an earlier test left running."""
+    with mock.patch("jobs.services.transitions.job_dispatch"):
+        return _world_build(number)
+
+
+def _world_build(number: int) -> World:
     creator = make_user(f"olivia{number}")
     users = {
         "creator": creator,

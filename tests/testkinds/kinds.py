@@ -161,3 +161,125 @@ def stubborn(ctx, input):
 def lines(ctx, input):
     """Takes a list of texts (the submit form asks for one per line)."""
     return {"count": len(input["documents"])}
+
+
+# -- typed kinds, child jobs and the replay check (tests/jobs/test_typed.py, test_children.py, test_testing.py) --
+import itertools  # noqa: E402
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator  # noqa: E402
+
+from jobs.runtime import JobContext  # noqa: E402
+
+
+class Invoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    customer: str = Field(min_length=1)
+    amount: float = Field(gt=0)
+    lines: list[str] = Field(default_factory=list)
+
+    @field_validator("customer")
+    @classmethod
+    def _not_test(cls, value: str) -> str:
+        if value == "nobody":  # a rule no JSON Schema says: only the model's validator refuses it
+            raise ValueError("nobody is not a customer")
+        return value
+
+
+class Billed(BaseModel):
+    customer: str
+    total: float
+    note: str | None = None
+
+
+@job_kind("test.typed")
+def typed_kind(ctx: JobContext, input: Invoice) -> Billed:
+    """A typed kind: the handler gets an Invoice and returns a Billed."""
+    assert isinstance(input, Invoice)
+    if input.lines == ["bad result"]:
+        return {"customer": input.customer}  # breaks Billed: `total` is missing
+    return Billed(customer=input.customer, total=input.amount)
+
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    score: int = Field(ge=1, le=5, title="Score")
+    comment: str | None = Field(default=None, max_length=200)
+
+
+@job_kind("test.typed_ask", input_model=Invoice)
+def typed_ask(ctx, input):
+    """Asks for a typed answer (a form derived from Verdict)."""
+    verdict = ctx.ask("verdict", f"Rate the invoice of {input.customer}", answer=Verdict)
+    assert isinstance(verdict, Verdict)
+    return {"score": verdict.score, "comment": verdict.comment}
+
+
+FANOUT_INPUT = {
+    "type": "object",
+    "properties": {
+        "noop": {"type": "integer", "minimum": 0},
+        "ask": {"type": "integer", "minimum": 0},
+        "fail": {"type": "integer", "minimum": 0},
+        "policy": {"enum": ["fail_fast", "collect"]},
+        "nap": {"type": "number", "minimum": 0},
+    },
+}
+
+
+@job_kind("test.fanout", input_schema=FANOUT_INPUT)
+def fanout(ctx, input):
+    """Spawns `noop` demo.noop children (demo.sleep of `nap` seconds in one step, with `nap`),
+    `ask` test.ask children and `fail` test.refuse children, and gathers them all under
+    `policy`; returns how they ended."""
+    if input.get("nap"):
+        noops = ctx.map("demo.sleep", [{"seconds": input["nap"], "steps": 1}] * input.get("noop", 0), key="noop")
+    else:
+        noops = ctx.map("demo.noop", [{}] * input.get("noop", 0), key="noop")
+    asks = ctx.map("test.ask", [{"prompt": f"child {n}?"} for n in range(input.get("ask", 0))], key="ask")
+    fails = ctx.map("test.refuse", [{}] * input.get("fail", 0), key="fail")
+    policy = input.get("policy", "fail_fast")
+    outcomes = ctx.gather(noops, asks, fails, policy=policy)
+    if policy == "fail_fast":
+        return {"results": len(outcomes)}
+    return {"statuses": [outcome.status for outcome in outcomes], "ok": sum(outcome.ok for outcome in outcomes)}
+
+
+@job_kind("test.spawn_changing", input_schema={"type": "object"})
+def spawn_changing(ctx, input):
+    """Spawns a child whose input comes from the job's input: a changed input on replay."""
+    child = ctx.spawn("demo.sleep", {"seconds": 0, "steps": input.get("steps", 1)}, key="sleeper")
+    ctx.ask("go", "Go on?")
+    return ctx.gather(child)
+
+
+_order_runs = itertools.count()
+
+
+@job_kind("test.nondeterministic_order", input_schema={"type": "object"})
+def nondeterministic_order(ctx, input):
+    """Breaks the replay rule: the order of its steps flips from one run to the next."""
+    names = ["a", "b"] if next(_order_runs) % 2 == 0 else ["b", "a"]
+    return [ctx.step(name, lambda name=name: name) for name in names]
+
+
+_prompt_runs = itertools.count()
+
+
+@job_kind("test.nondeterministic_prompt", input_schema={"type": "object"})
+def nondeterministic_prompt(ctx, input):
+    """Breaks the replay rule: its question's prompt changes on every run (as one with the time in it)."""
+    ctx.step("prepare", lambda: "ready")
+    return ctx.ask("approve", f"Approve? (asked in run {next(_prompt_runs)})")
+
+
+@job_kind("test.deterministic", input_schema={"type": "object"})
+def deterministic(ctx, input):
+    """Keeps the replay rule: what varies is inside a step."""
+    import random
+
+    draw = ctx.step("draw", lambda: random.randint(1, 6))
+    answer = ctx.ask("approve", f"Approve the draw {draw}?")
+    total = ctx.step("total", lambda: draw * 2)
+    return {"draw": draw, "total": total, "approved": answer["approved"]}

@@ -30,10 +30,19 @@ $(BIN)/.installed-tools: requirements-tools.txt $(BIN)/.installed-run
 	$(PIP) -r requirements-tools.txt
 	touch $@
 
+# axe-core for the browser tests' accessibility scans (tests/browser/package-lock.json), when npm is
+# there; without it those scans are skipped, saying so.
+AXE := tests/browser/node_modules/axe-core/axe.min.js
+$(AXE): tests/browser/package.json tests/browser/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error) && touch $@ \
+	    || echo "npm ci failed in tests/browser: the accessibility scans will be skipped"; \
+	else echo "npm not found: the accessibility scans (tests/browser) will be skipped"; fi
+
 run: $(BIN)/.installed-run
 	DJANGO_SETTINGS_MODULE=taskplatform.settings.development $(BIN)/python -m devtools.supervisor
 
-test: $(BIN)/.installed-dev
+test: $(BIN)/.installed-dev $(AXE)
 	DJANGO_SETTINGS_MODULE=taskplatform.settings.test $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Django's deployment checklist under the production settings, as CI runs it. The key is a

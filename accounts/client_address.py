@@ -16,7 +16,8 @@ from typing import Any
 from django.conf import settings
 
 
-def _address(value: str | None) -> str | None:
+def ip_address_or_none(value: str | None) -> str | None:
+    """`value` as a normalised IP address, or None when it is empty or not an address."""
     if not value:
         return None
     try:
@@ -30,11 +31,11 @@ def client_address(request: Any) -> str | None:
     peer (REMOTE_ADDR). A chain shorter than the trusted proxies, or an entry that is not an
     address, falls back to the peer rather than to anything a client wrote."""
     meta = getattr(request, "META", None) or {}
-    peer = _address(meta.get("REMOTE_ADDR"))
+    peer = ip_address_or_none(meta.get("REMOTE_ADDR"))
     proxies = settings.TRUSTED_PROXY_COUNT
     if proxies <= 0:
         return peer
     hops = [hop.strip() for hop in (meta.get("HTTP_X_FORWARDED_FOR") or "").split(",") if hop.strip()]
     if len(hops) < proxies:
         return peer
-    return _address(hops[-proxies]) or peer
+    return ip_address_or_none(hops[-proxies]) or peer

@@ -11,22 +11,18 @@ import json
 from typing import Any
 
 from django import forms
-from django.utils.html import escape
-from django.utils.text import capfirst
 
 from approvals.models import COMMENT_MAX_LENGTH, Question
 from approvals.schemas import (
     REASON_MAX_LENGTH,
     QuestionType,
-    choice_options,
     is_flat_object,
     ordered_properties,
     question_type,
 )
 from jobs.errors import PlatformError
+from jobs.forms import OMIT, TEXTAREA, choices_for, property_field, property_label, property_value
 from jobs.json_input import json_parse
-
-TEXTAREA = {"rows": 3, "cols": 60}
 
 
 class AnswerForm(forms.Form):
@@ -68,7 +64,7 @@ def _comment_field() -> forms.CharField:
 
 def _choices(schema: dict) -> list[tuple[str, str]]:
     # Values travel as JSON so numbers and strings come back as they were.
-    return [(json.dumps(value), label) for value, label in choice_options(schema)]
+    return choices_for(schema)
 
 
 class ApprovalAnswerForm(AnswerForm):
@@ -163,34 +159,6 @@ class TextAnswerForm(AnswerForm):
         return "text"
 
 
-def _property_field(prop: dict, *, required: bool, label: str) -> forms.Field:
-    """A form field for one scalar (or list-of-choices) property of a flat object schema."""
-    # Django draws help text as HTML (`|safe` in its form templates); a schema's description is
-    # text from a job, so it is escaped here.
-    common: dict[str, Any] = {"required": required, "label": label, "help_text": escape(prop.get("description", ""))}
-    kind = prop.get("type")
-    if kind == "array":
-        return forms.MultipleChoiceField(choices=_choices(prop.get("items") or {}),
-                                         widget=forms.CheckboxSelectMultiple, **common)
-    if choice_options(prop):
-        blank = [] if required else [("", "—")]
-        return forms.ChoiceField(choices=blank + _choices(prop), **common)
-    if kind == "integer":
-        return forms.IntegerField(min_value=prop.get("minimum"), max_value=prop.get("maximum"), **common)
-    if kind == "number":
-        return forms.FloatField(min_value=prop.get("minimum"), max_value=prop.get("maximum"), **common)
-    if kind == "boolean":
-        return forms.BooleanField(**{**common, "required": False})  # a checkbox: always true or false
-    if prop.get("format") == "date":
-        return forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), **common)
-    if prop.get("format") == "email":
-        return forms.EmailField(**common)
-    long = (prop.get("maxLength") or 10_000) > 200
-    return forms.CharField(max_length=prop.get("maxLength"), min_length=prop.get("minLength"),
-                           widget=forms.Textarea(attrs=TEXTAREA) if long else forms.TextInput(attrs={"size": 40}),
-                           **common)
-
-
 class FlatFormAnswerForm(AnswerForm):
     """An object whose properties are scalars: one field each (text, number, checkbox, select)."""
 
@@ -201,25 +169,14 @@ class FlatFormAnswerForm(AnswerForm):
         for name, prop in ordered_properties(self.schema):
             field_name = f"p_{name}"
             self.properties.append((field_name, name, prop))
-            self.fields[field_name] = _property_field(prop, required=name in required,
-                                                      label=prop.get("title") or capfirst(name.replace("_", " ")))
+            self.fields[field_name] = property_field(prop, required=name in required, label=property_label(name, prop))
         self.fields["comment"] = _comment_field()
 
     def answer(self) -> dict[str, Any]:
         result: dict[str, Any] = {}
         for field_name, name, prop in self.properties:
-            value = self.cleaned_data.get(field_name)
-            if prop.get("type") == "boolean":
-                result[name] = bool(value)
-            elif value in (None, "", []):
-                continue  # not given: the schema's `required` decides whether that is allowed
-            elif prop.get("type") == "array":
-                result[name] = [json.loads(item) for item in value]
-            elif choice_options(prop):
-                result[name] = json.loads(value)
-            elif hasattr(value, "isoformat"):
-                result[name] = value.isoformat()
-            else:
+            value = property_value(prop, self.cleaned_data.get(field_name))
+            if value is not OMIT:  # not given: the schema's `required` decides whether that is allowed
                 result[name] = value
         return result
 

@@ -26,8 +26,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from jobs import typed
 
+# How a schema's shape is read (the order of properties, choices, flat objects) is shared with the
+# jobs core's schema forms, which draw a kind's input the same way an answer form is drawn.
+from jobs.forms import FLAT_TYPES, ORDER_KEY, choice_options, is_flat_object, ordered_properties
+
+__all__ = [
+    "APPROVAL_SCHEMA", "FLAT_TYPES", "ORDER_KEY", "QUESTION_TYPE_KEY", "QuestionType", "approval", "choice",
+    "choice_options", "form", "is_approval", "is_flat_object", "multiple_choice", "ordered_properties",
+    "question_type", "schema_summary", "text",
+]
+
 QUESTION_TYPE_KEY = "x-question"
-ORDER_KEY = "x-order"
 
 
 class QuestionType:
@@ -181,26 +190,10 @@ def form(schema: dict) -> dict:
     return marked
 
 
-def ordered_properties(schema: dict) -> list[tuple[str, dict]]:
-    """The object schema's properties in the author's order (`x-order`, as `form()` records it)."""
-    properties = schema.get("properties") or {}
-    order = [name for name in schema.get(ORDER_KEY) or [] if name in properties]
-    return [(name, properties[name]) for name in order + [name for name in properties if name not in order]]
-
-
 def is_approval(schema: dict) -> bool:
     """True for schemas whose answer is an approve/reject decision (rendered as two buttons)."""
     props = schema.get("properties") or {}
     return schema.get("type") == "object" and props.get("approved", {}).get("type") == "boolean"
-
-
-def choice_options(schema: dict) -> list[tuple[Any, str]]:
-    """The `(value, label)` pairs of a choice schema (`oneOf` of consts, or `enum`); [] for others."""
-    if isinstance(schema.get("oneOf"), list) and all(isinstance(o, dict) and "const" in o for o in schema["oneOf"]):
-        return [(option["const"], str(option.get("title", option["const"]))) for option in schema["oneOf"]]
-    if isinstance(schema.get("enum"), list):
-        return [(value, str(value)) for value in schema["enum"]]
-    return []
 
 
 def question_type(schema: dict) -> str:
@@ -217,26 +210,6 @@ def question_type(schema: dict) -> str:
     if schema.get("type") == "string":
         return QuestionType.TEXT
     return QuestionType.FORM
-
-
-FLAT_TYPES = frozenset({"string", "integer", "number", "boolean"})
-
-
-def is_flat_object(schema: dict) -> bool:
-    """An object schema whose properties are all scalars (or lists of choices): drawn as a form."""
-    if schema.get("type") != "object" or not isinstance(schema.get("properties"), dict):
-        return False
-    if not schema["properties"]:
-        return False
-    for prop in schema["properties"].values():
-        if not isinstance(prop, dict):
-            return False
-        if prop.get("type") in FLAT_TYPES or (choice_options(prop) and "type" not in prop):
-            continue
-        if prop.get("type") == "array" and choice_options(prop.get("items") or {}):
-            continue
-        return False
-    return True
 
 
 def schema_summary(schema: dict) -> str:

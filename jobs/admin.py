@@ -3,12 +3,12 @@ every change goes through `jobs.services`."""
 
 from __future__ import annotations
 
-import json
 from functools import partial
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.forms.models import _get_foreign_key
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -19,7 +19,8 @@ from jobs.admin_actions import admin_apply_each
 from jobs.errors import PlatformError
 from jobs.extensions import job_admin_inlines, job_admin_links
 from jobs.json_input import json_parse
-from jobs.models import Job, JobEvent
+from jobs.models import Job
+from jobs.presenters import json_block, time_with_age
 from jobs.registry import kinds_all
 from jobs.selectors import job_children_counts
 from jobs.services import job_cancel, job_retry, job_submit
@@ -44,22 +45,6 @@ class JobSubmitForm(forms.Form):
             raise forms.ValidationError(f"not valid JSON: {exc}") from exc
 
 
-class JobEventInline(admin.TabularInline):
-    model = JobEvent
-    fields = ("seq", "created_at", "type", "step", "status", "message")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    ordering = ("seq",)
-    show_change_link = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ("short_id", "kind", "status", "progress_percent", "attempts", "owner", "created_at")
@@ -68,21 +53,23 @@ class JobAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     list_select_related = ("owner",)
     actions = ("cancel_jobs", "retry_jobs")
-    # What the feature apps register (jobs.extensions.job_admin_inline: the decision ledger of the
-    # job's questions, what it waits for), then its event log.
-    inlines = (JobEventInline,)
-    # The job page shows the same live progress as /jobs/{id}/ (jobs/_live.html and live.js).
+    # The page reads at a glance: the live box first (status, progress, result or error, the open
+    # questions, and the one timeline: the newest events, earlier ones on request), then the
+    # facts, then what the feature apps register (jobs.extensions.job_admin_inline: the decision
+    # ledger, what it waits for), each only when it has rows.
+    inlines = ()
+    # The live box is the same as on /jobs/{id}/ (jobs/_live.html and live.js).
     change_form_template = "admin/jobs/job/change_form.html"
     fieldsets = (
-        (None, {"fields": ("id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts",
-                           "family", "links")}),
-        ("Data", {"fields": ("input_display", "result_display", "error_display", "checkpoint_display")}),
-        ("Times", {"fields": ("created_at", "updated_at", "started_at", "finished_at", "run_after")}),
+        (None, {"fields": ("id", "kind", "owner", "attempts_display", "family", "links")}),
+        ("Data", {"fields": ("input_display", "error_display", "checkpoint_display")}),
+        ("Times (UTC)", {"fields": ("created_display", "updated_display", "started_display", "finished_display",
+                                    "run_after_display")}),
     )
     readonly_fields = (
-        "id", "kind", "status", "progress_display", "owner", "attempts", "max_attempts", "input_display",
-        "result_display", "error_display", "checkpoint_display", "created_at", "updated_at", "started_at",
-        "finished_at", "run_after", "links", "family",
+        "id", "kind", "owner", "attempts_display", "input_display", "error_display", "checkpoint_display",
+        "created_display",
+        "updated_display", "started_display", "finished_display", "run_after_display", "links", "family",
     )
 
     # -- list columns --------------------------------------------------------------------------
@@ -95,32 +82,56 @@ class JobAdmin(admin.ModelAdmin):
         return f"{job.progress_fraction:.0%}"
 
     # -- detail ---------------------------------------------------------------------------------
-    @admin.display(description="progress")
-    def progress_display(self, job: Job) -> str:
-        return format_html(
-            '<progress max="1" value="{}" class="job-progress"></progress> {} {}',
-            job.progress_fraction, f"{job.progress_fraction:.0%}", job.progress_text,
-        )
-
-    @staticmethod
-    def _json(value) -> str:
-        return format_html('<pre class="json-value">{}</pre>', json.dumps(value, indent=2, sort_keys=True))
+    @admin.display(description="attempts")
+    def attempts_display(self, job: Job) -> str:
+        return f"{job.attempts} of at most {job.max_attempts}"
 
     @admin.display(description="input")
     def input_display(self, job: Job) -> str:
-        return self._json(job.input)
+        return json_block(job.input)
 
-    @admin.display(description="result")
-    def result_display(self, job: Job) -> str:
-        return self._json(job.result) if job.result is not None else "—"
-
-    @admin.display(description="error")
+    @admin.display(description="error (with its traceback)")
     def error_display(self, job: Job) -> str:
-        return self._json(job.error) if job.error else "—"
+        """The whole error, traceback included, for staff (pages and the API show it without)."""
+        return json_block(job.error)
 
     @admin.display(description="checkpoint (finished steps)")
     def checkpoint_display(self, job: Job) -> str:
-        return self._json(job.checkpoint) if job.checkpoint else "—"
+        return json_block(job.checkpoint)
+
+    @admin.display(description="created")
+    def created_display(self, job: Job) -> str:
+        return time_with_age(job.created_at)
+
+    @admin.display(description="updated")
+    def updated_display(self, job: Job) -> str:
+        return time_with_age(job.updated_at)
+
+    @admin.display(description="started")
+    def started_display(self, job: Job) -> str:
+        return time_with_age(job.started_at)
+
+    @admin.display(description="finished")
+    def finished_display(self, job: Job) -> str:
+        return time_with_age(job.finished_at)
+
+    @admin.display(description="runs again after")
+    def run_after_display(self, job: Job) -> str:
+        return time_with_age(job.run_after)
+
+    def get_fieldsets(self, request, obj=None):
+        """Rows with nothing to say are left out (no checkpoint yet, no retry due)."""
+        if obj is None:
+            return self.fieldsets
+        empty = {"checkpoint_display": not obj.checkpoint, "error_display": not obj.error,
+                 "run_after_display": obj.run_after is None,
+                 "started_display": obj.started_at is None, "finished_display": obj.finished_at is None}
+        fieldsets = []
+        for name, options in self.fieldsets:
+            fields = [field for field in options["fields"] if not empty.get(field)]
+            if fields:
+                fieldsets.append((name, {**options, "fields": fields}))
+        return fieldsets
 
     @admin.display(description="parent and children")
     def family(self, job: Job) -> str:
@@ -149,6 +160,19 @@ class JobAdmin(admin.ModelAdmin):
 
     def get_inlines(self, request, obj):
         return [*job_admin_inlines(), *self.inlines]
+
+    def get_inline_instances(self, request, obj=None):
+        """On a job's page, only the inlines that have rows for it: no empty "Decisions" or
+        "Waits" headers on a job that asked nothing and waited for nothing."""
+        instances = super().get_inline_instances(request, obj)
+        if obj is None:
+            return instances
+        shown = []
+        for inline in instances:
+            fk = _get_foreign_key(Job, inline.model, fk_name=inline.fk_name)
+            if inline.get_queryset(request).filter(**{fk.name: obj}).exists():
+                shown.append(inline)
+        return shown
 
     def has_change_permission(self, request, obj=None):
         return False  # read-only: changes go through actions that call the services

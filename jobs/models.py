@@ -13,6 +13,7 @@ from django.db import connections, models
 from django.db.models import Q
 from django.db.models.sql import UpdateQuery
 
+from jobs.presenters import event_text
 from jobs.timestamps import iso_utc
 
 
@@ -223,7 +224,8 @@ class JobEvent(models.Model):
         return f"#{self.seq} {self.type} {self.step} {self.status}".strip()
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        """The event's JSON (websocket, SSE, broadcast), with `text`, its sentence for people."""
+        data = {
             "seq": self.seq,
             "type": self.type,
             "step": self.step or None,
@@ -231,3 +233,5 @@ class JobEvent(models.Model):
             "message": self.message,
             "created_at": iso_utc(self.created_at),
         }
+        data["text"] = event_text(data)
+        return data

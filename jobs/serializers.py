@@ -12,7 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs.models import Job, JobEvent
-from jobs.presenters import job_error_public
+from jobs.presenters import event_text, job_error_public
 
 EVENTS_MAX_LIMIT = 1000
 
@@ -245,11 +245,17 @@ class JobEventSerializer(serializers.ModelSerializer):
     step = serializers.CharField(allow_null=True, help_text="The step or question key, for those types.")
     status = serializers.CharField(allow_null=True, help_text="See the event types in the README.")
     message = JSONObjectField()
+    text = serializers.SerializerMethodField(
+        help_text="The event as one short sentence for people (`3 % · step 1 of 30`); pages show it.")
 
     class Meta:
         model = JobEvent
-        fields = ["seq", "type", "step", "status", "message", "created_at"]
+        fields = ["seq", "type", "step", "status", "message", "created_at", "text"]
         read_only_fields = fields
+
+    def get_text(self, instance: JobEvent) -> str:
+        return event_text({"type": instance.type, "step": instance.step, "status": instance.status,
+                           "message": instance.message})
 
     def to_representation(self, instance: JobEvent) -> dict[str, Any]:
         data = super().to_representation(instance)

@@ -7,9 +7,9 @@ does too), in the transaction of the change they record.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
+from accounts.client_address import ip_address_or_none
 from waits.models import Wait, WaitDecision
 
 
@@ -39,15 +39,7 @@ def wait_decision_record(
         actor_name=actor.get_username() if actor is not None else "system",
         result=result,
         comment=(comment or "")[:5000],
-        client_address=_valid_address(client_address),
+        client_address=ip_address_or_none(client_address),
         detail=detail or {},
     )
 
-
-def _valid_address(value: str | None) -> str | None:
-    if not value:
-        return None
-    try:
-        return str(ipaddress.ip_address(value.strip()))
-    except ValueError:
-        return None

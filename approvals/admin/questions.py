@@ -19,7 +19,6 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
-from django.utils.timesince import timesince, timeuntil
 
 from approvals.admin.decisions import csv_filename, decisions_csv
 from approvals.admin.filters import AssigneeFilter, DeadlineFilter, InboxFilter
@@ -32,6 +31,10 @@ from approvals.selectors import ANSWER_PERMISSION, question_decisions
 from approvals.services import NotAllowedToAnswer, question_answer, question_check_can_answer, question_link
 from approvals.services.ledger import request_client_address
 from jobs.errors import PlatformError
+from jobs.presenters import duration_short, json_block
+from jobs.presenters import time_left as time_left_text
+
+PROMPT_SHORT = 60  # characters of a prompt in the inbox; the whole prompt shows on hover
 
 
 class QuestionActionForm(ActionForm):
@@ -43,36 +46,31 @@ class QuestionActionForm(ActionForm):
 
 @admin.register(Question)
 class QuestionAdmin(admin.ModelAdmin):
-    list_display = ("prompt_short", "job_link", "job_kind", "type_label", "status", "assignees", "approvals",
-                    "age", "time_left", "answered_by")
+    # Chosen for a 1,280 px screen beside the filters: the prompt (short; the whole on hover),
+    # its job, where it stands, and the time left. Below about 800 px the rows become a list
+    # (approvals/admin.css).
+    list_display = ("prompt_short", "job_link", "status_label", "time_left", "age")
     list_filter = (InboxFilter, "status", "job__kind", AssigneeFilter, DeadlineFilter)
     search_fields = ("prompt", "key", "=job__id")
     list_select_related = ("job", "job__parent", "answered_by")
     action_form = QuestionActionForm
     actions = ("approve_selected", "reject_selected", "export_decisions_csv")
+    # The page leads with the decision (admin/approvals/question/_decision.html: the prompt, the
+    # details, what is asked and of whom, the answer form or the answer, then the ledger); the
+    # technical fields follow, collapsed.
     fieldsets = (
-        (None, {"fields": ("prompt", "details_display", "asks", "job_link", "key", "status", "deep_link")}),
-        ("Who may answer", {"fields": ("assignees", "approvals", "deadline")}),
-        ("Answer", {"fields": ("answer_display", "comment", "answered_by", "answered_at")}),
-        ("Technical", {"classes": ("collapse",), "fields": ("id", "schema_display", "digest", "round",
-                                                            "opened_at", "created_at")}),
+        ("Technical", {"classes": ("collapse",), "fields": (
+            "id", "key", "status", "deep_link", "assignees", "schema_display", "digest", "round", "opened_at",
+            "created_at")}),
     )
     readonly_fields = (
-        "id", "prompt", "details_display", "asks", "job_link", "key", "status", "deep_link", "assignees",
-        "approvals", "deadline", "answer_display", "comment", "answered_by", "answered_at", "schema_display",
-        "digest", "round", "opened_at", "created_at", "asked_again",
+        "id", "key", "status", "deep_link", "assignees", "schema_display", "digest", "round", "opened_at",
+        "created_at", "asked_again",
     )
     change_form_template = "admin/approvals/question/change_form.html"
 
-    def get_fieldsets(self, request: HttpRequest, obj: Question | None = None) -> Any:
-        fieldsets = list(self.fieldsets)
-        if obj is not None and obj.asked_again_because:  # round 2 or later: say why, above everything
-            first = dict(fieldsets[0][1])
-            first["fields"] = (*first["fields"][:6], "asked_again", *first["fields"][6:])
-            fieldsets[0] = (fieldsets[0][0], first)
-        if obj is not None and obj.status == Question.Status.OPEN:  # nothing answered yet to show
-            return [fieldset for fieldset in fieldsets if fieldset[0] != "Answer"]
-        return fieldsets
+    class Media:
+        css = {"all": ("approvals/admin.css",)}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Question]:
         return super().get_queryset(request).prefetch_related("assigned_users", "assigned_groups")
@@ -86,11 +84,13 @@ class QuestionAdmin(admin.ModelAdmin):
     # -- columns and fields ------------------------------------------------------------------
     @admin.display(description="question")
     def prompt_short(self, question: Question) -> str:
+        prompt = " ".join(question.prompt.split())
+        short = prompt if len(prompt) <= PROMPT_SHORT else prompt[: PROMPT_SHORT - 1].rstrip() + "…"
         if question.asked_again_because:
             why = ASKED_AGAIN_REASONS.get(question.asked_again_because, question.asked_again_because)
-            return format_html('{}<br><span class="asked-again" style="color:#666">asked again (round {}), '
-                               "because {}</span>", question.prompt[:80], question.round, why)
-        return question.prompt[:80]
+            return format_html('<span class="prompt" title="{}">{}</span><br><span class="asked-again">asked again '
+                               "(round {}), because {}</span>", prompt, short, question.round, why)
+        return format_html('<span class="prompt" title="{}">{}</span>', prompt, short)
 
     @admin.display(description="round")
     def asked_again(self, question: Question) -> str:
@@ -99,7 +99,7 @@ class QuestionAdmin(admin.ModelAdmin):
     @admin.display(description="job")
     def job_link(self, question: Question) -> str:
         url = reverse("admin:jobs_job_change", args=[question.job_id])
-        link = format_html('<a href="{}">{} {}</a>', url, question.job.kind, str(question.job_id)[:8])
+        link = format_html('<a href="{}">{} <code>{}</code></a>', url, question.job.kind, str(question.job_id)[:8])
         parent = question.job.parent
         if parent is None:
             return link
@@ -108,13 +108,13 @@ class QuestionAdmin(admin.ModelAdmin):
         return format_html('{} <span class="parent-job">in <a href="{}">{} {}</a></span>', link, parent_url,
                            parent.kind, str(parent.pk)[:8])
 
-    @admin.display(description="kind", ordering="job__kind")
-    def job_kind(self, question: Question) -> str:
-        return question.job.kind
-
-    @admin.display(description="type")
-    def type_label(self, question: Question) -> str:
-        return QuestionType.LABELS.get(question.type, question.type)
+    @admin.display(description="status", ordering="status")
+    def status_label(self, question: Question) -> str:
+        if question.status == Question.Status.OPEN and question.required_approvals > 1:
+            return f"open · {question.approvals_so_far()} of {question.required_approvals} approvals"
+        if question.status == Question.Status.ANSWERED and question.answered_by is not None:
+            return f"answered by {question.answered_by.get_username()}"
+        return question.get_status_display().lower()
 
     @admin.display(description="asks for")
     def asks(self, question: Question) -> str:
@@ -134,39 +134,34 @@ class QuestionAdmin(admin.ModelAdmin):
 
     @admin.display(description="age", ordering="opened_at")
     def age(self, question: Question) -> str:
-        return timesince(question.opened_at)
+        return duration_short((timezone.now() - question.opened_at).total_seconds())
 
     @admin.display(description="time left", ordering="expires_at")
     def time_left(self, question: Question) -> str:
         if question.expires_at is None or question.status != Question.Status.OPEN:
             return "—"
+        left = time_left_text(question.expires_at)
         if question.expires_at <= timezone.now():
-            return format_html('<strong class="overdue">overdue by {}</strong>', timesince(question.expires_at))
-        return timeuntil(question.expires_at)
+            return format_html('<strong class="overdue">{}</strong>', left)
+        return left
 
     @admin.display(description="deadline")
     def deadline(self, question: Question) -> str:
         if question.expires_at is None:
             return "none"
-        return f"{question.expires_at:%Y-%m-%d %H:%M:%S} UTC ({self.time_left(question)}); then " + policy_describe(
-            question.on_timeout)
+        when = f"{question.expires_at:%Y-%m-%d %H:%M:%S} UTC"
+        if question.status != Question.Status.OPEN:
+            return when
+        return f"{when} ({time_left_text(question.expires_at)}); then {policy_describe(question.on_timeout)}"
 
     @admin.display(description="link to this question")
     def deep_link(self, question: Question) -> str:
         link = question_link(question)
         return format_html('<a href="{}">{}</a>', link, link)
 
-    @admin.display(description="details")
-    def details_display(self, question: Question) -> str:
-        return details_html(question.details)
-
     @admin.display(description="answer schema")
     def schema_display(self, question: Question) -> str:
-        return format_html('<pre class="json-value">{}</pre>', json.dumps(question.schema, indent=2, sort_keys=True))
-
-    @admin.display(description="answer")
-    def answer_display(self, question: Question) -> str:
-        return details_html(question.answer) if question.answer is not None else "—"
+        return json_block(question.schema)
 
     # -- permissions -------------------------------------------------------------------------
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -196,6 +191,7 @@ class QuestionAdmin(admin.ModelAdmin):
         question = self.get_object(request, object_id)
         extra = dict(extra_context or {})
         if question is not None:
+            extra["decision"] = self.decision_context(question)
             extra["decisions"] = [
                 (decision, None if decision.answer is None else json.dumps(decision.answer, sort_keys=True))
                 for decision in question_decisions(question)
@@ -209,6 +205,27 @@ class QuestionAdmin(admin.ModelAdmin):
                     extra["answer_form"] = answer_form_for(question)
                     extra["answer_url"] = reverse("admin:approvals_question_answer", args=[question.pk])
         return super().change_view(request, object_id, form_url, extra_context=extra)
+
+    def decision_context(self, question: Question) -> dict[str, Any]:
+        """What the page leads with: the prompt, the details, what kind of answer, of whom, by
+        when, the votes so far, and the answer once there is one."""
+        return {
+            "prompt": question.prompt,
+            "status": question.status,
+            "details_html": details_html(question.details),
+            "asks": schema_summary(question.schema),
+            "job_link": self.job_link(question),
+            "assignees": self.assignees(question),
+            "approvals": self.approvals(question),
+            "deadline": self.deadline(question),
+            "overdue": question.status == Question.Status.OPEN and question.expires_at is not None
+            and question.expires_at <= timezone.now(),
+            "answer_html": details_html(question.answer) if question.answer is not None else "",
+            "answered_by": question.answered_by.get_username() if question.answered_by else "",
+            "answered_at": question.answered_at,
+            "comment": question.comment,
+            "asked_again": question.asked_again_text() if question.asked_again_because else "",
+        }
 
     def answer_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         if request.method != "POST":

@@ -6,12 +6,12 @@ does too), in the transaction of the change they record.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 from django.http import HttpRequest
 
 from accounts.client_address import client_address as _client_address
+from accounts.client_address import ip_address_or_none
 from approvals.models import Decision, Question
 
 
@@ -41,19 +41,11 @@ def decision_record(
         channel=channel,
         answer=answer,
         comment=comment or "",
-        client_address=_valid_address(client_address),
+        client_address=ip_address_or_none(client_address),
         digest=question.digest,
         detail=detail or {},
     )
 
-
-def _valid_address(value: str | None) -> str | None:
-    if not value:
-        return None
-    try:
-        return str(ipaddress.ip_address(value.strip()))
-    except ValueError:
-        return None
 
 
 def request_client_address(request: HttpRequest | Any) -> str | None:

@@ -187,6 +187,8 @@ LOGIN_LOCKOUT_SECONDS = env.int("LOGIN_LOCKOUT_SECONDS", default=900)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# Dates and times to the second, year first, everywhere the admin shows one (taskplatform/formats/).
+FORMAT_MODULE_PATH = ["taskplatform.formats"]
 USE_I18N = True
 USE_TZ = True
 

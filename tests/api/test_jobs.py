@@ -256,7 +256,7 @@ def test_events_oldest_first_paged_with_after_and_limit(api, paused_review):
     events = api.get(f"/api/jobs/{job.pk}/events/").json()
     assert [event["seq"] for event in events] == list(range(1, len(events) + 1))
     assert events[0] == {**events[0], "type": "status", "status": "pending", "step": None}
-    assert set(events[0]) == {"seq", "type", "step", "status", "message", "created_at"}
+    assert set(events[0]) == {"seq", "type", "step", "status", "message", "created_at", "text"}
     assert events[-1]["type"] == "status" and events[-1]["status"] == "paused"
     page = api.get(f"/api/jobs/{job.pk}/events/", {"after": 1, "limit": 2}).json()
     assert [event["seq"] for event in page] == [2, 3]

@@ -24,6 +24,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -73,7 +74,13 @@ class World:
 
 
 def world_build(number: int = 0) -> World:
-    """Users and objects for one row (a `fresh` row builds one per caller, `number` apart)."""
+    """Users and objects for one row (a `fresh` row builds one per caller, `number` apart). Its
+    jobs are run here, in this process: no message goes to a worker an earlier test left running."""
+    with mock.patch("jobs.services.transitions.job_dispatch"):
+        return _world_build(number)
+
+
+def _world_build(number: int) -> World:
     creator = make_user(f"olivia{number}")
     users = {
         "creator": creator,
@@ -150,6 +157,20 @@ API = [
       method="delete", fresh=True),
     r("api/^webhooks/(?P<pk>[^/]+)/deliveries/$", "/api/webhooks/{webhook}/deliveries/",
                                                                       401, 404, 401, 401, 404, 200),
+    # Waits: a job's creator and staff see them; acting on one (a combined wait's person) takes
+    # the answer permission and an assignment, as a question does. This wait has no person: the
+    # API refuses (403), the pages have nothing to act on (404).
+    r("api/^waits/$", "/api/waits/",                                  401, 200, 401, 401, 200, 200),
+    r("api/^waits/(?P<pk>[^/]+)/$", "/api/waits/{wait}/",             401, 404, 401, 401, 200, 200),
+    r("api/^waits/(?P<pk>[^/]+)/decisions/$", "/api/waits/{wait}/decisions/",
+                                                                      401, 404, 401, 401, 200, 200),
+    r("api/^waits/(?P<pk>[^/]+)/provide/$", "/api/waits/{wait}/provide/",
+                                                                      401, 404, 401, 401, 403, 403,
+      method="post", body={"result": {"text": "x"}}),
+    r("api/^waits/(?P<pk>[^/]+)/retry/$", "/api/waits/{wait}/retry/", 401, 404, 401, 401, 403, 403, method="post",
+      body={}),
+    r("api/^waits/(?P<pk>[^/]+)/fail/$", "/api/waits/{wait}/fail/",   401, 404, 401, 401, 403, 403, method="post",
+      body={"reason": "gone"}),
     # No credential but the token itself (the contract); an unknown token is 404 for everyone.
     r("api/wake/<str:token>/", "/api/wake/{missing}/",                404, 404, 404, 404, 404, 404, method="post"),
     # Public by decision (README, "Security"): the API's description, no data.
@@ -160,11 +181,17 @@ API = [
 
 PAGES = [
     r("jobs/", "/jobs/",                                              302, 200, 302, 302, 200, 200),
+    # Any signed-in user may submit, as through the API; this body is refused by the form (400).
+    r("jobs/submit/", "/jobs/submit/",                                302, 400, 302, 302, 400, 400,
+      method="post", body={"kind": "test.ask", "input_json": "[]"}),
     r("jobs/<uuid:job_id>/", "/jobs/{job}/",                          302, 404, 302, 302, 200, 200),
     r("jobs/<uuid:job_id>/panel/", "/jobs/{job}/panel/",              302, 404, 302, 302, 200, 200),
     r("jobs/<uuid:job_id>/questions/<uuid:question_id>/answer/", "/jobs/{job}/questions/{question}/answer/",
                                                                       302, 404, 302, 302, 302, 302,
       method="post", owner="reviewer", body={"_approve": "1"}, fresh=True),
+    r("jobs/<uuid:job_id>/waits/<int:wait_id>/act/", "/jobs/{done}/waits/{wait}/act/",
+                                                                      302, 404, 302, 302, 404, 404,
+      method="post", body={}),
 ]
 
 OPERATIONS = [
@@ -197,6 +224,9 @@ ADMIN = [
                                                                       302, 302, 302, 302, 404, 404, owner="superuser"),
     r("admin/^(?P<app_label>auth|accounts|approvals|waits|jobs|webhooks)/$", "/admin/jobs/",
                                                                       302, 302, 302, 302, 404, 200, owner="superuser"),
+    r("admin/waits/wait/<int:wait_id>/act/", "/admin/waits/wait/{wait}/act/",
+                                                                      302, 302, 302, 302, 404, 404, method="post",
+      owner="superuser"),
     r("admin/(?P<url>.*)$", "/admin/no-such-page/",                   302, 302, 302, 302, 404, 404, owner="superuser"),
     r("admin/auth/user/<id>/password/", "/admin/auth/user/{user}/password/",
                                                                       302, 302, 302, 302, 403, 200, owner="superuser"),

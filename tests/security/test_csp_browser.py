@@ -69,7 +69,7 @@ def violations(page) -> list[str]:
 
 
 def test_the_pages_work_under_the_content_security_policy(server, page, monkeypatch):
-    monkeypatch.setattr(jobs.services, "job_dispatch", lambda **kwargs: None)  # this process runs the job
+    monkeypatch.setattr(jobs.services.transitions, "job_dispatch", lambda **kwargs: None)  # this process runs the job
     make_user("boss", superuser=True)
     job, _ = job_submit(kind="demo.review", input={"document": "Q3 report"})
     job_execute(job_id=job.pk)

@@ -151,6 +151,18 @@ def stubborn(ctx, input):
     return {"finished": True}
 
 
+@job_kind("test.lines", input_schema={
+    "type": "object",
+    "properties": {"documents": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                   "urgent": {"type": "boolean"}},
+    "required": ["documents"],
+    "additionalProperties": False,
+})
+def lines(ctx, input):
+    """Takes a list of texts (the submit form asks for one per line)."""
+    return {"count": len(input["documents"])}
+
+
 # -- typed kinds, child jobs and the replay check (tests/jobs/test_typed.py, test_children.py, test_testing.py) --
 import itertools  # noqa: E402
 

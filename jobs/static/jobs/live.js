@@ -3,7 +3,8 @@
  * [data-live-job]  follows /ws/jobs/{id}/?after=<last seq>: status, progress bar, timeline, and
  *                  the panel (result, error, open questions with their answer forms) re-fetched
  *                  when the status changes or a question event arrives; what a reviewer typed
- *                  into an answer form is kept across the refresh.
+ *                  into an answer form is kept across the refresh. The page shows the newest
+ *                  events; "Show earlier events" pages back through /api/jobs/{id}/events/.
  * [data-live-feed] follows /ws/jobs/: the status of each listed job, new jobs on top.
  *
  * Both reconnect with exponential backoff (0.5 s doubling to 15 s, with jitter). A job page
@@ -51,23 +52,49 @@
     if (label && text !== undefined) label.textContent = text;
   }
 
+  /* One timeline entry: its number, its time (to the second, UTC) and its sentence, which the
+   * server wrote (`text`, jobs.presenters.event_text), so every page words an event the same. */
   function eventItem(event) {
     var li = document.createElement("li");
     li.className = "event event-" + event.type;
     li.dataset.seq = event.seq;
-    var parts = [["seq", "#" + event.seq], ["time", (event.created_at || "").slice(11, 23)], ["type", event.type]];
-    if (event.step) parts.push(["step", event.step]);
-    if (event.status) parts.push(["estatus", event.status]);
-    var msg = event.message && Object.keys(event.message).length ? JSON.stringify(event.message) : "";
-    if (msg) parts.push(["code", msg]);
-    parts.forEach(function (p) {
-      var el = document.createElement(p[0] === "time" || p[0] === "code" ? p[0] : "span");
-      if (p[0] !== "time" && p[0] !== "code") el.className = p[0];
-      el.textContent = p[1];
-      li.appendChild(el);
-      li.appendChild(document.createTextNode(" "));
-    });
+    li.dataset.type = event.type;
+    var seq = document.createElement("span");
+    seq.className = "seq";
+    seq.textContent = "#" + event.seq;
+    var time = document.createElement("time");
+    time.dateTime = event.created_at || "";
+    time.title = event.created_at || "";
+    time.textContent = (event.created_at || "").slice(11, 19);
+    var text = document.createElement("span");
+    text.className = "text";
+    text.textContent = event.text || [event.type, event.step, event.status].filter(Boolean).join(" ");
+    li.append(seq, " ", time, " ", text);
     return li;
+  }
+
+  var EARLIER_PAGE = 50;
+
+  /* "Show earlier events": the page shows the newest events; each press fetches the 50 before
+   * the first one shown from the events API (seqs have no gaps, so `after` finds them). */
+  function showEarlier(button, timeline) {
+    var first = timeline.firstElementChild ? parseInt(timeline.firstElementChild.dataset.seq, 10) : 1;
+    if (first <= 1) { button.parentNode.hidden = true; return; }
+    var after = Math.max(0, first - 1 - EARLIER_PAGE);
+    button.disabled = true;
+    fetch(button.dataset.eventsUrl + "?after=" + after + "&limit=" + (first - 1 - after),
+          {credentials: "same-origin", headers: {Accept: "application/json"}})
+      .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
+      .then(function (events) {
+        var anchor = timeline.firstElementChild;
+        events.forEach(function (event) {
+          if (event.seq < first) timeline.insertBefore(eventItem(event), anchor);
+        });
+        var count = button.parentNode.querySelector('[data-role="hidden-count"]');
+        if (count) count.textContent = after ? after + " earlier not shown" : "";
+        button.disabled = false;
+        if (!after) button.parentNode.hidden = true;
+      }, function () { button.disabled = false; });
   }
 
   /* What a reviewer typed into an answer form survives a refresh of the panel: a form the server
@@ -116,6 +143,8 @@
     var refreshing = null;
     var panel = role(root, "panel");
     if (panel) { panel.addEventListener("input", markTyped); panel.addEventListener("change", markTyped); }
+    var earlier = role(root, "show-earlier");
+    if (earlier && timeline) earlier.addEventListener("click", function () { showEarlier(earlier, timeline); });
 
     function refreshPanel() { // coalesce bursts of status changes into one fetch
       if (refreshing) return;
@@ -156,10 +185,17 @@
   function liveFeed(table) {
     var body = table.tBodies[0];
     var detailUrl = table.dataset.detailUrl;
+    /* A job not listed yet joins the top of the first page, when it matches the list's filters. */
+    function joinsTheList(job) {
+      if (table.dataset.insert === "") return false;
+      if (table.dataset.filterStatus && table.dataset.filterStatus !== job.status) return false;
+      return !table.dataset.filterKind || table.dataset.filterKind === job.kind;
+    }
     follow(function () { return table.dataset.liveFeed; }, function (msg) {
       if (msg.type !== "job") return;
       var job = msg.job;
       var row = body.querySelector('tr[data-job-id="' + job.id + '"]');
+      if (!row && !joinsTheList(job)) return;
       if (!row) {
         var empty = body.querySelector("tr.empty");
         if (empty) empty.remove();
@@ -167,9 +203,10 @@
         row.dataset.jobId = job.id;
         var link = '<a href="' + detailUrl.replace("00000000-0000-0000-0000-000000000000", job.id) + '"><code>' +
           job.id.slice(0, 8) + "</code></a>";
-        row.innerHTML = "<td>" + link + "</td><td></td><td><span data-role=\"status\"></span></td>" +
-          '<td><progress max="1" data-role="progress"></progress></td><td data-role="attempts"></td>' +
-          "<td><time></time></td>";
+        row.innerHTML = '<td data-label="job">' + link + '</td><td data-label="kind"></td>' +
+          '<td data-label="status"><span data-role="status"></span></td>' +
+          '<td data-label="progress"><progress max="1" data-role="progress" aria-label="progress"></progress></td>' +
+          '<td data-label="attempts" data-role="attempts"></td><td data-label="created"><time></time></td>';
         row.children[1].textContent = job.kind;
         row.querySelector("time").textContent = job.created_at.slice(0, 19).replace("T", " ");
         body.insertBefore(row, body.firstChild);

@@ -71,9 +71,12 @@ def fresh_copy(target: Path) -> Path:
     return target
 
 
+PROBE_TOKEN = "supervisor-probe-token"  # /readyz's detail is for staff and the metrics token
+
+
 def readyz_checks(url: str) -> dict:
     try:
-        return httpx.get(url, timeout=5).json().get("checks") or {}
+        return httpx.get(url, timeout=5, headers={"Authorization": f"Bearer {PROBE_TOKEN}"}).json().get("checks") or {}
     except (httpx.HTTPError, ValueError):
         return {}
 
@@ -89,6 +92,7 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
         WORKER_CONCURRENCY="2",
         WAITS_DUE_INTERVAL="1",
         SCHEDULER_HEARTBEAT_INTERVAL="1",
+        METRICS_TOKEN=PROBE_TOKEN,
     )
     assert env["DATABASE_URL"].startswith("postgres") or "sqlite" in env["DATABASE_URL"]
     assert env["REDIS_URL"]  # the real services, as CI has them: nothing else makes var/

@@ -24,6 +24,7 @@ from jobs.services import (
     job_suspend,
     run_lease_release,
 )
+from jobs.storable import json_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,13 @@ def _run(kind, ctx: JobContext, job) -> str:
         logger.exception("job %s (%s) raised", job.pk, job.kind)
         message = f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exc(limit=-8))
         return _record(job_fail, job=job, code="exception", message=message)
+    refusal = json_refusal(result)
+    if refusal is not None:
+        # Refused here, not by the database at the write: the job fails at once instead of
+        # staying `processing` until its lease runs out and running again.
+        message = (f"the handler returned a value that cannot be stored as JSON: {refusal}; return dicts, lists, "
+                   "strings, finite numbers, booleans and None (dates and decimals as strings)")
+        return _record(job_fail, job=job, code="result_not_json", message=message, retry=False)
     return _record(job_complete, job=job, result=result)
 
 

@@ -18,7 +18,6 @@ keep the code between steps cheap and deterministic.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 from jobs.events import RunLost, event_append
 from jobs.models import Job
+from jobs.storable import json_refusal, storable_text
 
 logger = logging.getLogger(__name__)
 
@@ -142,13 +142,20 @@ class JobContext:
         self._event("step", step=name, status="started")
         try:
             value = fn()
-            json.dumps(value)
-        except TypeError as exc:
-            self._event("step", step=name, status="failed", message={"error": f"result is not JSON: {exc}"})
-            raise JobFailure("step_result_not_json", f"step {name!r} returned a value that is not JSON: {exc}") from exc
         except Exception as exc:
-            self._event("step", step=name, status="failed", message={"error": f"{type(exc).__name__}: {exc}"})
+            error = storable_text(f"{type(exc).__name__}: {exc}")
+            self._event("step", step=name, status="failed", message={"error": error})
             raise
+        # Only the result's own shape gives this code (a TypeError raised by `fn` is its own
+        # error, retried as any other), and it is checked before the step counts as done.
+        refusal = json_refusal(value)
+        if refusal is not None:
+            self._event("step", step=name, status="failed", message={"error": f"result is not JSON: {refusal}"})
+            raise JobFailure(
+                "step_result_not_json",
+                f"step {name!r} returned a value that cannot be stored as JSON: {refusal}; return dicts, "
+                "lists, strings, finite numbers, booleans and None (dates and decimals as strings)",
+            )
         self._checkpoint[name] = value
         self._event("step", step=name, status="completed", fields={"checkpoint": self._checkpoint})
         return value

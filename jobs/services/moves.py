@@ -19,6 +19,7 @@ from jobs.leases import lease_deadline
 from jobs.models import Job
 from jobs.services.submitting import attempt_budget
 from jobs.services.transitions import job_transition
+from jobs.storable import storable_text
 
 Status = Job.Status
 
@@ -93,7 +94,7 @@ def job_fail(
         with transaction.atomic():
             record()
             return job_fail(job=job, code=code, message=message, retry=retry)
-    error = {"code": code, "message": message[:2000]}
+    error = {"code": code, "message": storable_text(message)[:2000]}
     if retry and job.attempts < job.max_attempts:
         delay = retry_delay(job.attempts)
         return job_transition(

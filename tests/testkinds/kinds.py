@@ -131,3 +131,53 @@ def stubborn(ctx, input):
     _busy(input["seconds"])
     ctx.step("b", lambda: step_run_count(job_id=ctx.job_id, step="b") or "done")
     return {"finished": True}
+
+
+def _awkward(name: str):
+    """A value that is not JSON, or that PostgreSQL refuses to store as JSON."""
+    import datetime
+    import decimal
+
+    return {
+        "datetime": lambda: {"at": datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)},
+        "decimal": lambda: {"amount": decimal.Decimal("1.10")},
+        "set": lambda: {"tags": {"a", "b"}},
+        "nan": lambda: {"score": float("nan")},
+        "infinity": lambda: [float("inf")],
+        "nul": lambda: {"text": "a\x00b"},
+        "nul_key": lambda: {"a\x00b": 1},
+        "surrogate": lambda: "\ud800",
+        "fine": lambda: {"ok": [1, 2.5, "x", None, True]},
+    }[name]()
+
+
+AWKWARD_INPUT = {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}
+
+
+@job_kind("test.returns", input_schema=AWKWARD_INPUT)
+def returns(ctx, input):
+    """Returns the awkward value named by `value` as the job's result."""
+    return _awkward(input["value"])
+
+
+@job_kind("test.step_returns", input_schema=AWKWARD_INPUT)
+def step_returns(ctx, input):
+    """A step returns the awkward value named by `value`."""
+    def body():
+        step_run_count(job_id=ctx.job_id, step="awkward")
+        return _awkward(input["value"])
+
+    ctx.step("awkward", body)
+    return {"done": True}
+
+
+@job_kind("test.step_type_error", input_schema={"type": "object"})
+def step_type_error(ctx, input):
+    """A step whose own code raises TypeError on its first run (a bug, or a flaky library)."""
+    def body():
+        step_run_count(job_id=ctx.job_id, step="typed")
+        if step_runs(job_id=ctx.job_id)["typed"] == 1:
+            raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+        return "fine the second time"
+
+    return {"value": ctx.step("typed", body)}

@@ -96,23 +96,38 @@ def _run(kind, ctx: JobContext, job) -> str:
 
 def database_lost(exc: BaseException) -> bool:
     """Is `exc` the database going away (a restart, a failover, a dropped connection) rather
-    than the job's own error? Then the job is not to blame and must not lose an attempt."""
+    than the job's own error? Then the job is not to blame and must not lose an attempt.
+
+    Proven, never guessed from the error's text: the run's connection is dead (the server
+    closed it), or a fresh connection gets no answer. An error on a connection that still
+    works (a statement timeout, a lock timeout, a message that merely says "connection") is
+    the job's own, retried as any other.
+    """
     if not isinstance(exc, (OperationalError, InterfaceError)):
         return False
+    if not _connection_dead():
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            return False  # the same connection answers: the statement failed, not the database
+        except (OperationalError, InterfaceError):
+            pass
     connection.close()  # the next query opens a fresh connection
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-    except (OperationalError, InterfaceError):
-        return True
-    # The database answers again: was the failed connection the problem, or the query?
-    return "connection" in str(exc).lower() or "terminat" in str(exc).lower()
+    return True
+
+
+def _connection_dead() -> bool:
+    """Did the server close this process's connection (psycopg marks it closed or broken)?"""
+    raw = connection.connection
+    if raw is None:
+        return False
+    return bool(getattr(raw, "closed", False) or getattr(raw, "broken", False))
 
 
 def _hand_back_after_database_loss(job, exc: BaseException) -> str:
-    """The run lost its database mid-way: hand the job back (not counted against its attempts)
-    as soon as the database answers, for at most half a lease; after that the lease expires and
-    the reconciler takes the job back instead."""
+    """The run lost its database mid-way: hand the job back (not counted against its attempts,
+    within the job's hand-back budget) as soon as the database answers, for at most half a
+    lease; after that the lease expires and the reconciler takes the job back instead."""
     logger.warning("job %s: the database went away during the run (%s); handing the job back", job.pk, exc)
     deadline = time.monotonic() + settings.JOBS_LEASE_SECONDS / 2
     delay = 0.2

@@ -45,16 +45,34 @@ def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
 
 
 def job_hand_back(*, job: Job, reason: str) -> Job:
-    """Give the run `job` back (its worker is shutting down): `processing → pending`, sent
-    again at once. The run does not count against the attempts: the budget grows by one."""
+    """Give the run `job` back (its worker is shutting down, its database went away):
+    `processing → pending`, to go on from its last finished step in another run. The run does
+    not count against the attempts (the budget grows by one), JOBS_HAND_BACK_BUDGET times per
+    job: the first hand-back is sent again at once, each later one after a back-off, and past
+    the budget a hand-back is an ordinary failed attempt (`too_many_hand_backs`), so a job that
+    is handed back again and again still ends."""
+    hand_backs = job.hand_backs + 1
+    if hand_backs > settings.JOBS_HAND_BACK_BUDGET:
+        return job_fail(
+            job=job, code="too_many_hand_backs",
+            message=f"the run was handed back ({reason}) after {job.hand_backs} hand-backs already, the budget "
+            f"(JOBS_HAND_BACK_BUDGET); this one counts as a failed attempt",
+        )
+    delay = retry_delay(hand_backs - 1) if hand_backs > 1 else 0.0
     return job_transition(
         job_id=job.pk,
         to=Status.PENDING,
         from_=[Status.PROCESSING],
         only_attempt=job.attempts,
-        fields={"max_attempts": F("max_attempts") + 1, "run_after": None},
-        message={"handed_back": True, "reason": reason, "attempt": job.attempts},
+        fields={
+            "max_attempts": F("max_attempts") + 1,
+            "hand_backs": F("hand_backs") + 1,
+            "run_after": timezone.now() + timedelta(seconds=delay) if delay else None,
+        },
+        message={"handed_back": True, "reason": reason, "attempt": job.attempts, "hand_backs": hand_backs,
+                 **({"retry_in": round(delay, 3)} if delay else {})},
         dispatch=True,
+        countdown=delay or None,
     )
 
 
@@ -209,6 +227,7 @@ def job_retry(*, job_id: Any, actor: Any = None) -> Job:
         from_=[Status.FAILED, Status.CANCELLED],
         fields={
             "max_attempts": F("attempts") + attempt_budget(kind),
+            "hand_backs": 0,
             "error": None,
             "result": None,
             "run_after": None,

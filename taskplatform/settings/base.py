@@ -173,6 +173,10 @@ JOBS_LEASE_SECONDS = env.float("JOBS_LEASE_SECONDS", default=60.0)
 # A cancelled job that is still running this many seconds later (its code reached no `ctx`
 # call, so it never saw the cancellation) is terminated through Celery's revoke.
 JOBS_CANCEL_GRACE = env.float("JOBS_CANCEL_GRACE", default=30.0)
+# A run handed back (its worker shutting down, its database gone) does not count as an attempt,
+# this many times per job; past that a hand-back counts as a failed attempt, so a job that keeps
+# being handed back ends. The first hand-back goes again at once, later ones after a back-off.
+JOBS_HAND_BACK_BUDGET = env.int("JOBS_HAND_BACK_BUDGET", default=10)
 
 # --- Celery -----------------------------------------------------------------------------------
 # Read by taskplatform/celery.py with namespace="CELERY".

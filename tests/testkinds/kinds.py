@@ -181,3 +181,18 @@ def step_type_error(ctx, input):
         return "fine the second time"
 
     return {"value": ctx.step("typed", body)}
+
+
+@job_kind("test.database_error", input_schema={"type": "object", "properties": {"real": {"type": "boolean"}}})
+def database_error(ctx, input):
+    """Finishes step `a`, then meets a database error that names the connection: with `real`, its
+    own connection really dies (the server terminates it); else an error that only says so, while
+    the connection and the database are fine (a statement's own failure)."""
+    from django.db import OperationalError, connection
+
+    ctx.step("a", lambda: step_run_count(job_id=ctx.job_id, step="a") or "done")
+    step_run_count(job_id=ctx.job_id, step="body")
+    if input.get("real"):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    raise OperationalError("could not receive data from server: the connection was reset")

@@ -65,7 +65,8 @@ def _run(kind, ctx: JobContext, job) -> str:
             # log ends with the job's last reported state (a lost run raises RunLost here).
             ctx.flush()
     except Suspend as suspend:  # a question (`paused`), a wait (`waiting`): see jobs.extensions
-        return _record(job_suspend, job=job, to=suspend.status, apply=suspend.apply, message=suspend.message)
+        return _record(job_suspend, job=job, to=suspend.status, apply=suspend.apply, message=suspend.message,
+                       on=suspend.on)
     except HandBack as exc:
         return _record(job_hand_back, job=job, reason=str(exc))
     except RunLost as exc:

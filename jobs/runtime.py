@@ -39,6 +39,8 @@ class Suspend(BaseException):
     no worker; `apply(job)` writes the feature's own rows (its question, its wait) in the very
     transaction that moves the job, and returns True when what the job waits for already came
     (the job is then runnable again at once). `message` goes into the job's `status` event.
+    `on` names what the job is suspended on (`question:<key>`, `wait:<key>`): stored on the job
+    (`Job.suspended_on`), so that only a wake naming it resumes the job.
     The feature apps raise subclasses of it from their `ctx` methods (`jobs.extensions`).
 
     A BaseException so that a handler's `except Exception` cannot swallow it by accident.
@@ -47,10 +49,11 @@ class Suspend(BaseException):
     status: str = ""
 
     def __init__(self, reason: str, *, apply: Callable[[Job], bool | None], message: dict[str, Any] | None = None,
-                 status: str | None = None) -> None:
+                 status: str | None = None, on: str = "") -> None:
         super().__init__(reason)
         self.apply = apply
         self.message = message
+        self.on = on
         if status is not None:
             self.status = status
         if self.status not in (Job.Status.PAUSED, Job.Status.WAITING):
@@ -65,7 +68,7 @@ class PauseForResolution(Suspend):
 
     def __init__(self, question: dict[str, Any], *, apply: Callable[[Job], bool | None]) -> None:
         super().__init__(f"waiting for an answer to {question['key']!r}", apply=apply,
-                         message={"question": question["key"]})
+                         message={"question": question["key"]}, on=f"question:{question['key']}")
         self.question = question
 
 
@@ -77,7 +80,7 @@ class ParkForWait(Suspend):
     status = Job.Status.WAITING
 
     def __init__(self, *, key: str, apply: Callable[[Job], bool | None], message: dict[str, Any]) -> None:
-        super().__init__(f"waiting on {key!r}", apply=apply, message=message)
+        super().__init__(f"waiting on {key!r}", apply=apply, message=message, on=f"wait:{key}")
         self.key = key
 
 

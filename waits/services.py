@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 Event = tuple[str, dict[str, Any]]  # (wait event status, message)
 
 
+def wait_suspension(key: str) -> str:
+    """What a job parked on the wait `key` is suspended on (`Job.suspended_on`)."""
+    return f"wait:{key}"
+
+
 # -- tokens -----------------------------------------------------------------------------------
 def wake_token(salt: str) -> str:
     """The wake token of a wait: HMAC-SHA256 of its salt under SECRET_KEY, URL-safe.
@@ -135,10 +140,12 @@ def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None) -> None
     Wait.objects.filter(pk=wait.pk).update(woken_at=now, next_due_at=now, updated_at=now)
     event_append(job_id=wait.job_id, type="wait", step=wait.key, status="woken", message={"by": by, **(message or {})})
     try:
-        job_wake(job_id=wait.job_id, reason={"wait": wait.key, "by": by})
+        job_wake(job_id=wait.job_id, on=wait_suspension(wait.key), reason={"wait": wait.key, "by": by})
     except InvalidTransition:
         # The run has not parked yet (the service called back at once), or a look is already
-        # on its way: the run finds `woken_at` when it parks and resumes at once.
+        # on its way: the run finds `woken_at` when it parks and resumes at once. Or the job
+        # is not parked on this wait at all (paused on a question, parked on another wait):
+        # it is not resumed.
         pass
 
 
@@ -176,7 +183,7 @@ def waits_resume_due(*, limit: int = 500) -> int:
         try:
             with transaction.atomic():
                 event_append(job_id=job_id, type="wait", step=key, status="woken", message={"by": "schedule"})
-                job_wake(job_id=job_id, reason={"wait": key, "by": "schedule"})
+                job_wake(job_id=job_id, on=wait_suspension(key), reason={"wait": key, "by": "schedule"})
         except InvalidTransition:
             continue  # it moved meanwhile (cancelled, or a callback resumed it)
         resumed += 1

@@ -3,6 +3,22 @@
 from django.db import migrations, models
 
 
+def suspended_on_from_the_log(apps, schema_editor):
+    """Jobs paused or waiting before `suspended_on` existed: what they park on is in the message
+    of their last `status` event (`{"question": key}` or `{"wait": key, ...}`)."""
+    Job = apps.get_model("jobs", "Job")
+    JobEvent = apps.get_model("jobs", "JobEvent")
+    for job in Job.objects.filter(status__in=["paused", "waiting"]).only("pk", "status").iterator():
+        event = (
+            JobEvent.objects.filter(job_id=job.pk, type="status", status=job.status).order_by("-seq").only("message")
+            .first()
+        )
+        message = (event.message if event else None) or {}
+        name, key = ("question", message.get("question")) if job.status == "paused" else ("wait", message.get("wait"))
+        if key:
+            Job.objects.filter(pk=job.pk).update(suspended_on=f"{name}:{key}"[:250])
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -20,4 +36,5 @@ class Migration(migrations.Migration):
             name='suspended_on',
             field=models.CharField(blank=True, default='', max_length=250),
         ),
+        migrations.RunPython(suspended_on_from_the_log, migrations.RunPython.noop, elidable=True),
     ]

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs.backoff import backoff_with_jitter
@@ -137,11 +137,12 @@ def job_fail(
 
 
 def job_suspend(
-    *, job: Job, to: str, apply: Callable[[Job], bool | None], message: dict[str, Any] | None = None
+    *, job: Job, to: str, apply: Callable[[Job], bool | None], message: dict[str, Any] | None = None, on: str = ""
 ) -> Job:
     """Stop the run `job` without finishing it (`processing → paused` for a person, or
     `→ waiting` for an outside event), in the transaction in which `apply(job)` writes the
-    feature's own rows (the question, the wait). The worker slot is freed.
+    feature's own rows (the question, the wait). The worker slot is freed. `on` names what the
+    job is suspended on (`Job.suspended_on`): a wake that names something else does not resume it.
 
     The job's row is locked first (the one lock order of the platform: the job, then its
     questions and waits). When `apply` returns True, what the job waits for already came while
@@ -154,7 +155,8 @@ def job_suspend(
         Job.objects.select_for_update().filter(pk=job.pk).values_list("pk", flat=True).first()
         due_now = apply(job)
         suspended = job_transition(
-            job_id=job.pk, to=to, from_=[Status.PROCESSING], only_attempt=job.attempts, message=message
+            job_id=job.pk, to=to, from_=[Status.PROCESSING], only_attempt=job.attempts, message=message,
+            fields={"suspended_on": on[:250]},
         )
         if due_now:
             suspended = job_transition(
@@ -164,21 +166,23 @@ def job_suspend(
     return suspended
 
 
-def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None) -> Job:
+def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None, on: str | None = None) -> Job:
     """Make a job `paused` on a question runnable again (`paused → pending`: it was answered)
-    and dispatch it."""
+    and dispatch it. With `on`, only if the job is suspended on that (`question:<key>`)."""
     return job_transition(
         job_id=job_id, to=Status.PENDING, from_=[Status.PAUSED], fields={"run_after": None}, message=reason,
-        dispatch=True,
+        dispatch=True, where=None if on is None else Q(suspended_on=on),
     )
 
 
-def job_wake(*, job_id: Any, reason: dict[str, Any] | None = None) -> Job:
+def job_wake(*, job_id: Any, on: str, reason: dict[str, Any] | None = None) -> Job:
     """Make a job `waiting` on outside work runnable again (`waiting → pending`: a callback, a
-    due check or a person woke it) and dispatch it. A paused job is never woken this way."""
+    due check or a person woke it) and dispatch it, only if it is waiting on `on` (the wait that
+    woke, `wait:<key>`). A paused job, or one that has parked on another wait since, is never
+    woken this way (InvalidTransition)."""
     return job_transition(
         job_id=job_id, to=Status.PENDING, from_=[Status.WAITING], fields={"run_after": None}, message=reason,
-        dispatch=True,
+        dispatch=True, where=Q(suspended_on=on),
     )
 
 

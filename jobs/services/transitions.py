@@ -70,6 +70,8 @@ def job_transition(
         values["finished_at"] = None
     if to not in (Status.PROCESSING, Status.CANCELLED):
         values["lease_expires_at"] = None
+    if to not in (Status.PAUSED, Status.WAITING):
+        values["suspended_on"] = ""
     values.update(fields or {})
 
     with _transition_transaction(to, has_owner):

@@ -65,10 +65,12 @@ def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy:
     """
     ctx.flush()  # a held progress report goes first
     policy = policy or WaitPolicy()
-    wait = wait_open(job_id=ctx.job_id, key=key, service=service, policy=policy)
+    # Every write before `submit` is fenced to this run (a cancelled or stale run raises RunLost
+    # here, before anything leaves the platform).
+    wait = wait_open(job_id=ctx.job_id, key=key, service=service, policy=policy, run_attempt=ctx.attempt)
     if wait.state == Wait.State.SUCCEEDED:
         return wait.result
-    wait = wait_execution_begin(wait_id=wait.pk)
+    wait = wait_execution_begin(wait=wait, run_attempt=ctx.attempt)
     if wait.executions > policy.max_executions:
         _fail(ctx, wait, "wait_backstop",
               f"the job ran {wait.executions} times through wait {key!r}, more than max_executions "

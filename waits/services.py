@@ -22,7 +22,7 @@ from django.utils import timezone
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
-from jobs.services import job_cancel, job_wake
+from jobs.services import job_cancel, job_wake, run_lock
 from waits.errors import WaitNotActive, WakeTokenInvalid
 from waits.models import Wait
 from waits.policy import WaitPolicy
@@ -66,12 +66,20 @@ def _fresh_token_fields() -> dict[str, Any]:
 
 
 # -- what a run does --------------------------------------------------------------------------
-def wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy) -> Wait:
+def wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy, run_attempt: int) -> Wait:
     """The job's wait `key`, created (with its token minted) on first use.
 
     A wait that failed or was cancelled starts again from scratch with a new token: the job is
-    being run again because a person retried it.
+    being run again because a person retried it. Fenced to the run `run_attempt` under the job's
+    row lock (`RunLost` when it no longer owns the job): a cancelled or stale run never leaves
+    an active wait behind.
     """
+    with transaction.atomic():
+        run_lock(job_id=job_id, attempt=run_attempt)
+        return _wait_open(job_id=job_id, key=key, service=service, policy=policy)
+
+
+def _wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy) -> Wait:
     wait = Wait.objects.filter(job_id=job_id, key=key).first()
     mode = Wait.Mode.CALLBACK if policy.callback else Wait.Mode.POLL
     if wait is None:
@@ -96,10 +104,15 @@ def wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy) -> Wai
     return wait
 
 
-def wait_execution_begin(*, wait_id: int) -> Wait:
-    """Count one more run through the wait and consume a pending wake (this run will look)."""
-    Wait.objects.filter(pk=wait_id).update(executions=F("executions") + 1, woken_at=None, updated_at=timezone.now())
-    return Wait.objects.get(pk=wait_id)
+def wait_execution_begin(*, wait: Wait, run_attempt: int) -> Wait:
+    """Count one more run through the wait and consume a pending wake (this run will look).
+    Fenced to the run `run_attempt` (`RunLost`): a stale run cannot consume the live run's wake."""
+    with transaction.atomic():
+        run_lock(job_id=wait.job_id, attempt=run_attempt)
+        Wait.objects.filter(pk=wait.pk).update(
+            executions=F("executions") + 1, woken_at=None, updated_at=timezone.now()
+        )
+        return Wait.objects.get(pk=wait.pk)
 
 
 def wait_update(*, wait: Wait, fields: dict[str, Any], events: list[Event], run_attempt: int) -> None:

@@ -21,6 +21,7 @@ from jobs.services.moves import (
     job_wake,
     retry_delay,
     run_lease_release,
+    run_lock,
 )
 from jobs.services.reconciling import (
     jobs_recover_expired_leases,
@@ -52,4 +53,5 @@ __all__ = [
     "request_digest",
     "retry_delay",
     "run_lease_release",
+    "run_lock",
 ]

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from jobs.backoff import backoff_with_jitter
 from jobs.errors import JobNotFound
+from jobs.events import RunLost
 from jobs.leases import lease_deadline
 from jobs.models import Job
 from jobs.services.submitting import attempt_budget
@@ -74,6 +75,24 @@ def job_hand_back(*, job: Job, reason: str) -> Job:
         dispatch=True,
         countdown=delay or None,
     )
+
+
+def run_lock(*, job_id: Any, attempt: int) -> None:
+    """Lock the job's row for the run `attempt` in the caller's transaction, or raise `RunLost`
+    when that run no longer owns the job (cancelled, taken back, handed to another run).
+
+    For a feature's writes that come before something leaves the platform (a submit to another
+    service): made under the job's row lock, they cannot slip in after a cancellation (which
+    takes that lock first) nor be made by a stale run. Precondition: inside `transaction.atomic`.
+    """
+    owned = (
+        Job.objects.select_for_update()
+        .filter(pk=job_id, status=Status.PROCESSING, attempts=attempt)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if owned is None:
+        raise RunLost(f"job {job_id} is no longer run by attempt {attempt}")
 
 
 def run_lease_release(*, job: Job) -> None:

@@ -55,3 +55,14 @@ class NotAllowed(PlatformError):
 
     code = "not_allowed"
     http_status = 403
+
+
+class ClaimDeferred(InvalidTransition):
+    """The job is pending but may not be claimed yet: an earlier run of it is still alive (a
+    cancelled run still winding down when a person retried the job). `retry_in` seconds from now
+    at the latest, the claim can succeed (the old run's lease has run out by then)."""
+
+    def __init__(self, message: str, *, retry_in: float, kind: str) -> None:
+        super().__init__(message)
+        self.retry_in = retry_in
+        self.kind = kind

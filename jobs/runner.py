@@ -11,9 +11,10 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
+from jobs.errors import ClaimDeferred, InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import RunLost
 from jobs.leases import heartbeat
+from jobs.models import Job
 from jobs.registry import kind_get
 from jobs.runtime import HandBack, JobContext, JobFailure, Suspend
 from jobs.services import (
@@ -23,6 +24,7 @@ from jobs.services import (
     job_hand_back,
     job_suspend,
     run_lease_release,
+    transitions,
 )
 from jobs.storable import json_refusal
 
@@ -38,6 +40,12 @@ def job_execute(*, job_id: Any, worker: str = "", worker_hostname: str = "", tas
     """
     try:
         job = job_claim(job_id=job_id, worker=worker, task_id=task_id)
+    except ClaimDeferred as exc:
+        # An earlier run of the job is still stopping: look again once its lease has run out (it
+        # sends the job again itself if it stops sooner).
+        logger.info("job %s not claimed yet: %s", job_id, exc)
+        transitions.job_dispatch(job=Job(pk=job_id, kind=exc.kind), countdown=exc.retry_in)
+        return "deferred"
     except (InvalidTransition, JobNotFound) as exc:
         logger.info("job %s not claimed: %s", job_id, exc)
         return "skipped"

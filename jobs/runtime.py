@@ -23,7 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jobs.events import RunLost, event_append
+from django.conf import settings
+
+from jobs.events import STEP_NOT_DONE, RunLost, event_append, step_begin, step_checkpoint
 from jobs.models import Job
 from jobs.storable import json_refusal, storable_text
 
@@ -122,6 +124,11 @@ class JobContext:
         # set by the lease heartbeat thread (`jobs.leases`), acted on at the next ctx call.
         self.worker_hostname = worker_hostname
         self.hand_back_requested = False
+        # Set by the heartbeat when the run no longer owns the job (or its lease could not be
+        # renewed in time): the next ctx call raises RunLost. `lease_until` is when the lease the
+        # heartbeat last wrote ends, in this process's time.monotonic().
+        self.lost = False
+        self.lease_until = time.monotonic() + settings.JOBS_LEASE_SECONDS
         self.job_id = job.pk
         self.input = job.input
         self.attempt = job.attempts
@@ -142,7 +149,12 @@ class JobContext:
             self._event("step", step=name, status="skipped")
             return self._checkpoint[name]
         self._hand_back_if_asked()
-        self._event("step", step=name, status="started")
+        self.flush()
+        stored = step_begin(job_id=self.job_id, run_attempt=self.attempt, step=name)
+        if stored is not STEP_NOT_DONE:  # an earlier run finished it after this run began
+            self._checkpoint[name] = stored
+            self._event("step", step=name, status="skipped")
+            return stored
         try:
             value = fn()
         except Exception as exc:
@@ -159,9 +171,10 @@ class JobContext:
                 f"step {name!r} returned a value that cannot be stored as JSON: {refusal}; return dicts, "
                 "lists, strings, finite numbers, booleans and None (dates and decimals as strings)",
             )
-        self._checkpoint[name] = value
-        self._event("step", step=name, status="completed", fields={"checkpoint": self._checkpoint})
-        return value
+        self.flush()
+        stored = step_checkpoint(job_id=self.job_id, run_attempt=self.attempt, step=name, value=value)
+        self._checkpoint[name] = stored
+        return stored
 
     # -- progress and logs ------------------------------------------------------------------
     def progress(self, fraction: float, text: str = "") -> None:
@@ -203,7 +216,10 @@ class JobContext:
 
     # -- internals ---------------------------------------------------------------------------
     def _hand_back_if_asked(self) -> None:
-        """Stop here, between two steps, when the worker is draining (see `HandBack`)."""
+        """Stop here, between two steps, when the worker is draining (see `HandBack`), or when
+        the run has lost its job (`RunLost`: the heartbeat found it so)."""
+        if self.lost:
+            raise RunLost(f"job {self.job_id} is no longer run by attempt {self.attempt}")
         if self.hand_back_requested:
             self.flush()
             raise HandBack(f"worker {self.worker_hostname} is shutting down")

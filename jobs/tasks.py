@@ -4,10 +4,11 @@ import logging
 import os
 
 from celery import shared_task
-from celery.signals import worker_process_shutdown, worker_ready, worker_shutting_down
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready, worker_shutting_down
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
+from jobs import leases
 from jobs.broadcast import flush_pending
 from jobs.leases import drain_mark
 from jobs.runner import job_execute
@@ -60,6 +61,13 @@ def _start_draining(sender, **kwargs) -> None:
 def _stop_draining(sender, **kwargs) -> None:
     """A worker that starts again under the same name takes jobs as usual."""
     drain_mark(str(getattr(sender, "hostname", sender)), draining=False)
+
+
+@worker_process_init.connect
+def _stop_overdue_runs_by_exiting(**kwargs) -> None:
+    """In a pool process, a run about to outlive its lease is stopped by killing the process
+    (`jobs.leases`): the worker's main process sees it and takes the job back at once."""
+    leases.TERMINATE_OVERDUE_RUNS = True
 
 
 @worker_process_shutdown.connect

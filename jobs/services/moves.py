@@ -14,10 +14,11 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs.backoff import backoff_with_jitter
-from jobs.errors import JobNotFound
+from jobs.errors import ClaimDeferred, InvalidTransition, JobNotFound
 from jobs.events import RunLost
 from jobs.leases import lease_deadline
 from jobs.models import Job
+from jobs.services import transitions
 from jobs.services.submitting import attempt_budget
 from jobs.services.transitions import job_transition
 from jobs.storable import storable_text
@@ -30,19 +31,35 @@ def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
     a lease (see `jobs.leases`) in the name of `worker` and its Celery `task_id`.
 
     One conditional UPDATE, so of two deliveries of the same message exactly one wins; the
-    other gets InvalidTransition and must do nothing.
+    other gets InvalidTransition and must do nothing. A job whose earlier run still holds a
+    live lease (a cancelled run winding down when the job was retried) is not claimed: no two
+    runs of a job ever overlap. Then ClaimDeferred says when to try again.
     """
-    return job_transition(
-        job_id=job_id,
-        to=Status.PROCESSING,
-        from_=[Status.PENDING],
-        fields={
-            "attempts": F("attempts") + 1,
-            "lease_expires_at": lease_deadline(),
-            "worker": worker[:200],
-            "task_id": task_id[:64],
-        },
-    )
+    now = timezone.now()
+    try:
+        return job_transition(
+            job_id=job_id,
+            to=Status.PROCESSING,
+            from_=[Status.PENDING],
+            where=Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+            fields={
+                "attempts": F("attempts") + 1,
+                "lease_expires_at": lease_deadline(),
+                "worker": worker[:200],
+                "task_id": task_id[:64],
+            },
+        )
+    except InvalidTransition as exc:
+        current = Job.objects.filter(pk=job_id).values("status", "kind", "lease_expires_at").first()
+        if current is None or current["status"] != Status.PENDING:
+            raise
+        lease = current["lease_expires_at"]
+        if lease is not None and lease >= now:
+            raise ClaimDeferred(
+                f"job {job_id}: its previous run is still stopping (lease until {lease:%H:%M:%S})",
+                retry_in=(lease - now).total_seconds() + 0.1, kind=current["kind"],
+            ) from exc
+        raise
 
 
 def job_hand_back(*, job: Job, reason: str) -> Job:
@@ -97,10 +114,14 @@ def run_lock(*, job_id: Any, attempt: int) -> None:
 
 def run_lease_release(*, job: Job) -> None:
     """A run that lost its job (cancelled, or taken back) has stopped: its lease is no longer
-    a sign of life."""
-    Job.objects.filter(pk=job.pk, attempts=job.attempts).exclude(status=Status.PROCESSING).update(
-        lease_expires_at=None
-    )
+    a sign of life. A job retried meanwhile was waiting for exactly that (see `job_claim`): it is
+    sent again now."""
+    with transaction.atomic():
+        released = Job.objects.filter(pk=job.pk, attempts=job.attempts, lease_expires_at__isnull=False).exclude(
+            status=Status.PROCESSING
+        ).update_returning(lease_expires_at=None)
+        if released is not None and released.status == Status.PENDING:
+            transaction.on_commit(lambda: transitions.job_dispatch(job=released), robust=True)
 
 
 def job_complete(*, job: Job, result: Any) -> Job:
@@ -254,6 +275,9 @@ def job_retry(*, job_id: Any, actor: Any = None) -> Job:
             "error": None,
             "result": None,
             "run_after": None,
+            # A cancelled run may still be winding down: its lease (no longer renewed, as the job
+            # is not `cancelled` any more) keeps the next run from starting beside it.
+            "lease_expires_at": F("lease_expires_at"),
         },
         message={"by": getattr(actor, "username", None), "retry": True},
         dispatch=True,

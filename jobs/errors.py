@@ -66,3 +66,12 @@ class ClaimDeferred(InvalidTransition):
         super().__init__(message)
         self.retry_in = retry_in
         self.kind = kind
+
+
+class Busy(PlatformError):
+    """The request lost a race for the database again and again (a deadlock, a serialization
+    failure) although it was retried: nothing was changed, send it again shortly."""
+
+    code = "busy"
+    http_status = 503
+    retry_after = 1

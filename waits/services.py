@@ -19,10 +19,11 @@ from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 
+from jobs.conflicts import retry_on_conflict
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
-from jobs.services import job_cancel, job_wake, run_lock
+from jobs.services import job_cancel, job_lock, job_wake, run_lock
 from waits.errors import WaitNotActive, WakeTokenInvalid
 from waits.models import Wait
 from waits.policy import WaitPolicy
@@ -162,6 +163,7 @@ def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None) -> None
         pass
 
 
+@retry_on_conflict
 def wake_token_redeem(*, token: str) -> Wait:
     """Take a callback: make the wait due now and resume its job. Usable once.
 
@@ -171,6 +173,10 @@ def wake_token_redeem(*, token: str) -> Wait:
     """
     digest = wake_token_hash(token)
     with transaction.atomic():
+        # The job's row first, then the wait (the platform's one lock order).
+        job_id = Wait.objects.filter(token_hash=digest).values_list("job_id", flat=True).first()
+        if job_id is not None:
+            job_lock(job_id=job_id)
         wait = (
             Wait.objects.select_for_update(of=("self",)).select_related("job").filter(token_hash=digest).first()
         )
@@ -194,18 +200,25 @@ def waits_resume_due(*, limit: int = 500) -> int:
     resumed = 0
     for _wait_id, job_id, key in waits_due(limit=limit):
         try:
-            with transaction.atomic():
-                event_append(job_id=job_id, type="wait", step=key, status="woken", message={"by": "schedule"})
-                job_wake(job_id=job_id, on=wait_suspension(key), reason={"wait": key, "by": "schedule"})
+            _resume_due(job_id=job_id, key=key)
         except InvalidTransition:
             continue  # it moved meanwhile (cancelled, or a callback resumed it)
         resumed += 1
     return resumed
 
 
+@retry_on_conflict
+def _resume_due(*, job_id: Any, key: str) -> None:
+    with transaction.atomic():
+        event_append(job_id=job_id, type="wait", step=key, status="woken", message={"by": "schedule"})
+        job_wake(job_id=job_id, on=wait_suspension(key), reason={"wait": key, "by": "schedule"})
+
+
+@retry_on_conflict
 def wait_check_now(*, wait_id: int, actor: Any = None) -> Wait:
     """A person asks for a look now (from the admin): the wait is due at once and its job resumes."""
     with transaction.atomic():
+        _lock_the_job_of(wait_id)
         wait = Wait.objects.select_for_update().filter(pk=wait_id).first()
         if wait is None or not wait.is_active:
             raise WaitNotActive(f"wait {wait_id} has finished; there is nothing to check")
@@ -213,15 +226,25 @@ def wait_check_now(*, wait_id: int, actor: Any = None) -> Wait:
     return wait
 
 
+@retry_on_conflict
 def wait_cancel(*, wait_id: int, actor: Any = None) -> Wait:
     """A person gives up on the external work: its job is cancelled, which closes the wait."""
     with transaction.atomic():
+        _lock_the_job_of(wait_id)
         wait = Wait.objects.select_for_update().filter(pk=wait_id).first()
         if wait is None or not wait.is_active:
             raise WaitNotActive(f"wait {wait_id} has finished; there is nothing to cancel")
         job_cancel(job_id=wait.job_id, actor=actor, channel="admin")
     wait.refresh_from_db()
     return wait
+
+
+def _lock_the_job_of(wait_id: int) -> None:
+    """The job's row first, then the wait: the platform's one lock order (a cancel locks the
+    job, then its waits). Caller is in a transaction."""
+    job_id = Wait.objects.filter(pk=wait_id).values_list("job_id", flat=True).first()
+    if job_id is not None:
+        job_lock(job_id=job_id)
 
 
 def waits_cancel_for_job(*, job: Any, actor: Any = None) -> int:

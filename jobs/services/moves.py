@@ -14,6 +14,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs.backoff import backoff_with_jitter
+from jobs.conflicts import retry_on_conflict
 from jobs.errors import ClaimDeferred, InvalidTransition, JobNotFound
 from jobs.events import RunLost
 from jobs.leases import lease_deadline
@@ -92,6 +93,17 @@ def job_hand_back(*, job: Job, reason: str) -> Job:
         dispatch=True,
         countdown=delay or None,
     )
+
+
+def job_lock(*, job_id: Any) -> bool:
+    """Lock the job's row in the caller's transaction (False: there is no such job).
+
+    The platform's one lock order: a service that writes a job's questions or waits locks the
+    job's row first, as every status move does (`job_transition`'s UPDATE, then the transition
+    hooks), so two services never wait for each other in opposite orders (a deadlock).
+    Precondition: inside `transaction.atomic`.
+    """
+    return Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True).first() is not None
 
 
 def run_lock(*, job_id: Any, attempt: int) -> None:
@@ -192,7 +204,7 @@ def job_suspend(
     if to not in (Status.PAUSED, Status.WAITING):
         raise ValueError(f"a run suspends into paused or waiting, not {to}")
     with transaction.atomic():
-        Job.objects.select_for_update().filter(pk=job.pk).values_list("pk", flat=True).first()
+        job_lock(job_id=job.pk)
         due_now = apply(job)
         suspended = job_transition(
             job_id=job.pk, to=to, from_=[Status.PROCESSING], only_attempt=job.attempts, message=message,
@@ -236,6 +248,7 @@ def job_fail_suspended(*, job_id: Any, code: str, message: str, from_: list[str]
     )
 
 
+@retry_on_conflict
 def job_cancel(*, job_id: Any, actor: Any = None, channel: str | None = None) -> Job:
     """Cancel a job that has not finished. In the same transaction the feature apps' hooks close
     what the job was waiting for (its open questions, each with a row in the decision ledger
@@ -254,6 +267,7 @@ def job_cancel(*, job_id: Any, actor: Any = None, channel: str | None = None) ->
     )
 
 
+@retry_on_conflict
 def job_retry(*, job_id: Any, actor: Any = None) -> Job:
     """Run a failed or cancelled job again, with a fresh budget of attempts.
 

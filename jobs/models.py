@@ -122,6 +122,11 @@ class Job(models.Model):
     # What a `paused` or `waiting` job is suspended on (`question:<key>`, `wait:<key>`, as the
     # suspending feature names it), so that only that thing resumes it; "" otherwise.
     suspended_on = models.CharField(max_length=250, blank=True, default="")
+    # Set (under the job's row lock) once a feature app wrote rows for this job that must close
+    # when it finishes (a question, a wait): only then does a move into a finished status run the
+    # feature apps' closing hooks (`jobs.extensions`, `before=True`); other jobs finish in one
+    # statement.
+    feature_rows = models.BooleanField(default=False)
     # When a pending job may next run (a retry's back-off); null means now.
     run_after = models.DateTimeField(null=True, blank=True)
     # The lease of the run in progress: set by the claim, renewed by the worker's heartbeat

@@ -247,18 +247,22 @@ def _lock_the_job_of(wait_id: int) -> None:
         job_lock(job_id=job_id)
 
 
-def waits_cancel_for_job(*, job: Any, actor: Any = None) -> int:
-    """Close the active waits of `job` (it was cancelled); a later callback finds no token.
+def waits_cancel_for_job(*, job: Any, actor: Any = None, to: str = Job.Status.CANCELLED) -> int:
+    """Close the active waits of `job` (it was cancelled, or ended with status `to` without
+    coming back to them); a later callback finds no token.
 
-    Precondition: the caller holds the transaction that cancels the job.
+    Precondition: the caller holds the transaction that ends the job.
     """
     closed = 0
+    if to == Job.Status.CANCELLED:
+        error = {"code": "cancelled", "message": f"cancelled by {getattr(actor, 'username', None) or 'the system'}"}
+    else:
+        error = {"code": "abandoned", "message": f"the job ended ({to}) without coming back to this wait"}
     for wait in Wait.objects.select_for_update().filter(job_id=job.pk, state__in=Wait.ACTIVE):
         Wait.objects.filter(pk=wait.pk).update(
-            state=Wait.State.CANCELLED, next_due_at=None, updated_at=timezone.now(),
-            error={"code": "cancelled", "message": f"cancelled by {getattr(actor, 'username', None) or 'the system'}"},
+            state=Wait.State.CANCELLED, next_due_at=None, updated_at=timezone.now(), error=error,
         )
         event_append(job_id=job.pk, type="wait", step=wait.key, status="failed",
-                     message={"code": "cancelled", "by": getattr(actor, "username", None)})
+                     message={"code": error["code"], "by": getattr(actor, "username", None)})
         closed += 1
     return closed

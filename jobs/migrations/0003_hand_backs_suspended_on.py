@@ -36,5 +36,14 @@ class Migration(migrations.Migration):
             name='suspended_on',
             field=models.CharField(blank=True, default='', max_length=250),
         ),
+        migrations.AddField(
+            model_name='job',
+            name='feature_rows',
+            field=models.BooleanField(default=False),
+        ),
+        # Jobs that may hold questions or waits already: every job that ever ran, to be safe.
+        migrations.RunSQL(
+            "UPDATE jobs_job SET feature_rows = TRUE WHERE attempts > 0", migrations.RunSQL.noop, elidable=True
+        ),
         migrations.RunPython(suspended_on_from_the_log, migrations.RunPython.noop, elidable=True),
     ]

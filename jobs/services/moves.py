@@ -108,19 +108,15 @@ def job_lock(*, job_id: Any) -> bool:
 
 def run_lock(*, job_id: Any, attempt: int) -> None:
     """Lock the job's row for the run `attempt` in the caller's transaction, or raise `RunLost`
-    when that run no longer owns the job (cancelled, taken back, handed to another run).
+    when that run no longer owns the job (cancelled, taken back, handed to another run); mark
+    the job as holding feature rows (`Job.feature_rows`: they close when it finishes).
 
     For a feature's writes that come before something leaves the platform (a submit to another
     service): made under the job's row lock, they cannot slip in after a cancellation (which
     takes that lock first) nor be made by a stale run. Precondition: inside `transaction.atomic`.
+    One statement: the UPDATE takes the lock.
     """
-    owned = (
-        Job.objects.select_for_update()
-        .filter(pk=job_id, status=Status.PROCESSING, attempts=attempt)
-        .values_list("pk", flat=True)
-        .first()
-    )
-    if owned is None:
+    if not Job.objects.filter(pk=job_id, status=Status.PROCESSING, attempts=attempt).update(feature_rows=True):
         raise RunLost(f"job {job_id} is no longer run by attempt {attempt}")
 
 
@@ -208,7 +204,7 @@ def job_suspend(
         due_now = apply(job)
         suspended = job_transition(
             job_id=job.pk, to=to, from_=[Status.PROCESSING], only_attempt=job.attempts, message=message,
-            fields={"suspended_on": on[:250]},
+            fields={"suspended_on": on[:250], "feature_rows": True},
         )
         if due_now:
             suspended = job_transition(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -74,38 +74,68 @@ def job_transition(
         values["suspended_on"] = ""
     values.update(fields or {})
 
-    with _transition_transaction(to, has_owner):
+    hooks = transition_hooks_for(to, has_owner=has_owner)
+    before = [hook for hook in hooks if hook.before]
+    with _transition_transaction(alone=not any(not hook.before for hook in hooks)):
         rows = Job.objects.filter(pk=job_id, status__in=sources)
         if only_attempt is not None:
             rows = rows.filter(attempts=only_attempt)
         if where is not None:
             rows = rows.filter(where)
-        written = job_update_with_event(rows=rows, fields=values, type="status", status=to, message=message)
+        if before:
+            # A job that holds no feature rows has nothing to close: the one statement, as usual.
+            written = job_update_with_event(rows=rows.filter(feature_rows=False), fields=values, type="status",
+                                            status=to, message=message)
+            if written is None:
+                written = _move_closing_first(rows, before, job_id=job_id, to=to, fields=values, message=message,
+                                              actor=actor, channel=channel)
+        else:
+            written = job_update_with_event(rows=rows, fields=values, type="status", status=to, message=message)
         if written is None:
-            current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
-            if current is None:
-                raise JobNotFound(f"job {job_id} does not exist")
-            raise InvalidTransition(f"job {job_id} is {current}; it cannot move to {to}")
+            _refuse(job_id, to)
         job = written[0]
         # In this transaction: a committed move always has its hooks' writes (closed questions
         # and waits, queued webhook deliveries) committed with it.
         for hook in transition_hooks_for(to, has_owner=job.owner_id is not None):
-            hook.fn(job=job, to=to, actor=actor, channel=channel)
+            if not hook.before:
+                hook.fn(job=job, to=to, actor=actor, channel=channel)
         if dispatch:
             # `job_dispatch` is looked up when called: the one seam tests replace to keep a job unsent.
             transaction.on_commit(lambda: job_dispatch(job=job, countdown=countdown), robust=True)
     return job
 
 
-def _transition_transaction(to: str, has_owner: bool | None) -> AbstractContextManager:
-    """The transaction of one move. On PostgreSQL a move that writes nothing else (no transition
-    hook runs for it, e.g. a job without an owner whose webhooks would be told) is ONE statement, the UPDATE and
-    its event's INSERT as a CTE, and so atomic on its own: outside a caller's transaction it runs
-    in autocommit and saves the BEGIN and COMMIT round trips (every claim, and the outcome of an
+def _move_closing_first(rows, before, *, job_id: Any, to: str, fields: dict[str, Any], message: dict | None,
+                        actor: Any, channel: str | None):
+    """The move of a job that holds feature rows: lock its row and check the move, let the
+    closing hooks close what the job held (their events come before the status event, which
+    stays the last of a finished job), then write the move."""
+    with transaction.atomic():
+        locked = rows.select_for_update().first()
+        if locked is None:
+            _refuse(job_id, to)
+        for hook in before:
+            if locked.owner_id is not None or not hook.owners_only:
+                hook.fn(job=locked, to=to, actor=actor, channel=channel)
+        return job_update_with_event(rows=rows, fields=fields, type="status", status=to, message=message)
+
+
+def _refuse(job_id: Any, to: str) -> NoReturn:
+    current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+    if current is None:
+        raise JobNotFound(f"job {job_id} does not exist")
+    raise InvalidTransition(f"job {job_id} is {current}; it cannot move to {to}")
+
+
+def _transition_transaction(*, alone: bool) -> AbstractContextManager:
+    """The transaction of one move. On PostgreSQL a move that writes nothing else (`alone`: no
+    transition hook runs after it, e.g. a job without an owner whose webhooks would be told, and
+    it holds nothing for a closing hook to close) is ONE statement, the UPDATE and its event's
+    INSERT as a CTE, and so atomic on its own: outside a caller's transaction it runs in
+    autocommit and saves the BEGIN and COMMIT round trips (every claim, and the outcome of an
     ownerless job). Its after-commit work (the push, a dispatch) then runs right after the
-    statement, as after a COMMIT."""
+    statement, as after a COMMIT. A move that must close feature rows first opens its own."""
     connection = transaction.get_connection()
-    alone = not transition_hooks_for(to, has_owner=has_owner)
     if connection.vendor == "postgresql" and not connection.in_atomic_block and alone:
         return nullcontext()
     return transaction.atomic()

@@ -196,3 +196,11 @@ def database_error(ctx, input):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     raise OperationalError("could not receive data from server: the connection was reset")
+
+
+@job_kind("test.model", input_schema={"type": "object"}, max_attempts=3)
+def model(ctx, input):
+    """The stateful model's kind (tests/model): the model drives most runs move by move; a
+    message delivered to a worker (`job_execute`) runs this: one step, then done."""
+    ctx.step("s1", lambda: "handler")
+    return {"done": True}

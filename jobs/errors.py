@@ -58,9 +58,10 @@ class NotAllowed(PlatformError):
 
 
 class ClaimDeferred(InvalidTransition):
-    """The job is pending but may not be claimed yet: an earlier run of it is still alive (a
-    cancelled run still winding down when a person retried the job). `retry_in` seconds from now
-    at the latest, the claim can succeed (the old run's lease has run out by then)."""
+    """The job is pending but may not be claimed yet: it is in its retry back-off (an early
+    duplicate message), or an earlier run of it is still alive (a cancelled run still winding
+    down when a person retried the job). `retry_in` seconds from now the claim can succeed (the
+    back-off is over, the old run's lease has run out)."""
 
     def __init__(self, message: str, *, retry_in: float, kind: str) -> None:
         super().__init__(message)

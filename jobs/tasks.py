@@ -10,11 +10,14 @@ from django.db import InterfaceError, OperationalError, connection
 
 from jobs import leases
 from jobs.broadcast import flush_pending
+from jobs.broker import dispatch_forget
 from jobs.leases import drain_mark
 from jobs.runner import job_execute
 from jobs.services import jobs_recover_expired_leases, jobs_redispatch_stale, jobs_terminate_cancelled_runs
 
 logger = logging.getLogger(__name__)
+
+MAX_DATABASE_RETRIES = 10  # of a message whose claim found the database away (some 4 minutes)
 
 
 @shared_task(name="jobs.run", bind=True, ignore_result=True)
@@ -31,7 +34,11 @@ def job_run(self, job_id: str) -> str:
         # again later is safe whatever point the run reached; meanwhile the reconciler and the
         # lease cover a job whose retries run out.
         connection.close()
-        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30), max_retries=10) from exc
+        if self.request.retries >= MAX_DATABASE_RETRIES:
+            dispatch_forget(job_id)  # no message left for it: the reconciler sends one after the grace
+            raise
+        countdown = min(2 ** self.request.retries, 30)
+        raise self.retry(exc=exc, countdown=countdown, max_retries=MAX_DATABASE_RETRIES) from exc
 
 
 @shared_task(name="jobs.reconcile", ignore_result=True)

@@ -32,9 +32,10 @@ def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
     a lease (see `jobs.leases`) in the name of `worker` and its Celery `task_id`.
 
     One conditional UPDATE, so of two deliveries of the same message exactly one wins; the
-    other gets InvalidTransition and must do nothing. A job whose earlier run still holds a
-    live lease (a cancelled run winding down when the job was retried) is not claimed: no two
-    runs of a job ever overlap. Then ClaimDeferred says when to try again.
+    other gets InvalidTransition and must do nothing. A job in its retry back-off (`run_after`
+    still ahead: an early duplicate message) is not claimed, nor one whose earlier run still
+    holds a live lease (a cancelled run winding down when the job was retried: no two runs of a
+    job ever overlap). Then ClaimDeferred says when to try again.
     """
     now = timezone.now()
     try:
@@ -42,7 +43,8 @@ def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
             job_id=job_id,
             to=Status.PROCESSING,
             from_=[Status.PENDING],
-            where=Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+            where=(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+            & (Q(run_after__isnull=True) | Q(run_after__lte=now)),
             fields={
                 "attempts": F("attempts") + 1,
                 "lease_expires_at": lease_deadline(),
@@ -51,14 +53,19 @@ def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
             },
         )
     except InvalidTransition as exc:
-        current = Job.objects.filter(pk=job_id).values("status", "kind", "lease_expires_at").first()
+        current = Job.objects.filter(pk=job_id).values("status", "kind", "lease_expires_at", "run_after").first()
         if current is None or current["status"] != Status.PENDING:
             raise
-        lease = current["lease_expires_at"]
+        lease, run_after = current["lease_expires_at"], current["run_after"]
         if lease is not None and lease >= now:
             raise ClaimDeferred(
                 f"job {job_id}: its previous run is still stopping (lease until {lease:%H:%M:%S})",
                 retry_in=(lease - now).total_seconds() + 0.1, kind=current["kind"],
+            ) from exc
+        if run_after is not None and run_after > now:
+            raise ClaimDeferred(
+                f"job {job_id}: its retry back-off runs until {run_after:%H:%M:%S}",
+                retry_in=(run_after - now).total_seconds(), kind=current["kind"],
             ) from exc
         raise
 

@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from jobs.broker import dispatch_mark
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import job_update_with_event
 from jobs.extensions import transition_hooks_for
@@ -142,7 +143,8 @@ def _transition_transaction(*, alone: bool) -> AbstractContextManager:
 
 
 def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
-    """Send the Celery message that runs `job` (call it after the job's row is committed).
+    """Send the Celery message that runs `job` (call it after the job's row is committed), and
+    mark it as on its way in the broker (`jobs.broker`).
 
     The task shows in Flower under the job's kind (Celery's `shadow` name) with the job id as
     its argument.
@@ -164,4 +166,5 @@ def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
     if countdown:
         options["countdown"] = countdown
     job_run.apply_async(args=[str(job.pk)], **options)
+    dispatch_mark(job.pk, countdown=countdown)  # on its way: the reconciler will not send it again
 

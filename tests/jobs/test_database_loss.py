@@ -58,6 +58,7 @@ def test_hand_backs_have_a_budget_and_a_back_off_then_count_as_a_failure(setting
     assert over.status == S.PENDING and over.error["code"] == "too_many_hand_backs"
     assert over.attempts == 3 and over.max_attempts == 5 and over.hand_backs == 2
     assert "handed_back" not in last_status_event(job).message
+    Job.objects.filter(pk=job.pk).update(run_after=None)  # its back-off has passed
     claimed = job_claim(job_id=job.pk)
     Job.objects.filter(pk=job.pk).update(max_attempts=claimed.attempts)
     claimed.max_attempts = claimed.attempts

@@ -25,6 +25,7 @@ from jobs.services.moves import (
     run_lock,
 )
 from jobs.services.reconciling import (
+    job_run_died,
     jobs_recover_expired_leases,
     jobs_redispatch_stale,
     jobs_terminate_cancelled_runs,
@@ -44,6 +45,7 @@ __all__ = [
     "job_lock",
     "job_resume",
     "job_retry",
+    "job_run_died",
     "job_submit",
     "job_suspend",
     "job_transition",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from celery import current_app
 from django.conf import settings
@@ -118,6 +119,48 @@ def jobs_recover_expired_leases(*, limit: int = 500) -> int:
     if recovered:
         logger.warning("took back %d job(s) whose worker stopped renewing the lease", recovered)
     return recovered
+
+
+def job_run_died(*, job_id: Any, task_id: str, reason: str) -> str:
+    """The process running the message `task_id` of job `job_id` died (killed, out of memory, a
+    segfault, stopped by its own heartbeat): its worker's main process saw it and says so at once,
+    so the job need not wait for its lease to run out.
+
+    A job still `processing` under that message is taken back as the reconciler would after the
+    lease (`worker_lost`, the attempt counted, its finished steps kept; failed when out of
+    attempts). A job that had already moved on (cancelled, retried) just loses the dead run's
+    lease, and a retried job waiting for that run to stop is sent again. Returns what was done.
+    """
+    job = Job.objects.filter(pk=job_id, task_id=task_id).only("pk", "status", "attempts", "max_attempts",
+                                                              "worker", "kind").first()
+    if job is None:
+        return "unknown"
+    if job.status != Status.PROCESSING:
+        released = Job.objects.filter(pk=job.pk, task_id=task_id, lease_expires_at__isnull=False).exclude(
+            status=Status.PROCESSING).update_returning(lease_expires_at=None)
+        if released is not None and released.status == Status.PENDING:
+            transitions.job_dispatch(job=released)
+        return "released" if released is not None else "nothing"
+    error = {
+        "code": "worker_lost",
+        "message": f"the pool process running attempt {job.attempts} ({job.worker or 'unknown'}) died: {reason}"[:2000],
+    }
+    retry = job.attempts < job.max_attempts
+    try:
+        job_transition(
+            job_id=job.pk,
+            to=Status.PENDING if retry else Status.FAILED,
+            from_=[Status.PROCESSING],
+            only_attempt=job.attempts,
+            where=Q(task_id=task_id),
+            fields={"error": error, "run_after": None} if retry else {"error": error},
+            message={"error": error, "attempt": job.attempts, "process_lost": True},
+            dispatch=retry,
+        )
+    except InvalidTransition:
+        return "nothing"  # it ended meanwhile
+    logger.warning("job %s: took back attempt %s at once, its pool process died (%s)", job.pk, job.attempts, reason)
+    return "taken back" if retry else "failed"
 
 
 def jobs_terminate_cancelled_runs(*, grace: float, limit: int = 100) -> int:

@@ -70,7 +70,7 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
                 if sent >= budget:
                     break
     if sent:
-        logger.warning("re-sent the lost message of %d pending job(s)", sent)
+        logger.warning("re-dispatched %d pending job(s) whose message was lost", sent)
     return sent
 
 

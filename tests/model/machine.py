@@ -60,6 +60,10 @@ POLICIES = {
 ANSWERED_KINDS = {Decision.Kind.ANSWERED, Decision.Kind.APPROVED, Decision.Kind.REJECTED, Decision.Kind.EXPIRED}
 
 
+# What the model did, across examples (the long profile, bench/model.py, reports it).
+STATS = {"examples": 0, "steps": 0, "service_calls": 0, "platform_errors": 0}
+
+
 class _Continue(BaseException):  # noqa: N818 (a signal, not an error)
     """Leaves `_run` with the value of a ctx call that did not end the run."""
 
@@ -78,8 +82,10 @@ class PlatformModel(RuleBasedStateMachine):
         self.steps: dict[tuple[Any, str], Any] = {}  # (job, step) -> the result first seen stored
         self.outside: dict[tuple[Any, str], str] = {}  # (job, wait) -> what the outside service says
         self.moves = 0
+        STATS["examples"] += 1
 
     def teardown(self) -> None:
+        STATS["service_calls"] += self.moves
         transaction.savepoint_rollback(self._savepoint)
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -89,6 +95,7 @@ class PlatformModel(RuleBasedStateMachine):
         try:
             return fn(*args, **kwargs)
         except PlatformError as exc:
+            STATS["platform_errors"] += 1
             return exc
 
     def drive(self, ctx: JobContext, body) -> tuple[str, Any]:
@@ -269,6 +276,7 @@ class PlatformModel(RuleBasedStateMachine):
     # -- invariants ----------------------------------------------------------------------------------
     @invariant()
     def the_invariants_hold(self) -> None:
+        STATS["steps"] += 1  # after each step (and once at the start of each example)
         check_invariants(self.jobs, self.steps)
 
 

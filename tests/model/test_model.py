@@ -1,8 +1,9 @@
-"""The stateful model (`tests/model/machine.py`), a small profile for `make test`; the long one
-is `bench/model.py`."""
+"""The stateful model (`tests/model/machine.py`) against PostgreSQL: a small profile in `make
+test`; the long one is `bench/model.py` (the same test with MODEL_EXAMPLES and MODEL_STEPS)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -11,7 +12,7 @@ from django.db import connection
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.model.machine import PlatformModel
+from tests.model.machine import STATS, PlatformModel
 
 pytestmark = [
     pytest.mark.django_db,
@@ -20,6 +21,9 @@ pytestmark = [
 
 EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "12"))
 STEPS = int(os.environ.get("MODEL_STEPS", "40"))
+# No explain phase: on Python 3.11 it traces every line, ten times slower. MODEL_SHRINK=0 reports
+# the first failing interleaving as found (a long profile can spend a long time shrinking one).
+PHASES = [Phase.generate, Phase.shrink] if os.environ.get("MODEL_SHRINK", "1") == "1" else [Phase.generate]
 
 
 @pytest.fixture
@@ -31,12 +35,19 @@ def quiet():
 
 
 def test_random_interleavings_keep_every_invariant(quiet):
-    run_state_machine_as_test(
-        PlatformModel,
-        settings=settings(
-            max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, database=None,
-            # No explain phase: on Python 3.11 it traces every line, ten times slower.
-            phases=[Phase.generate, Phase.shrink] if os.environ.get("MODEL_SHRINK", "1") == "1" else [Phase.generate],
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
+    before = dict(STATS)
+    try:
+        run_state_machine_as_test(
+            PlatformModel,
+            settings=settings(
+                max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, database=None, phases=PHASES,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            ),
+        )
+    finally:
+        report = os.environ.get("MODEL_REPORT")
+        if report:  # bench/model.py: what this run did
+            done = {key: STATS[key] - before[key] for key in STATS}
+            done["steps"] -= done["examples"]  # the check before the first step of each example
+            with open(report, "w") as out:
+                json.dump(done, out)

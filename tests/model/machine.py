@@ -252,6 +252,14 @@ class PlatformModel(RuleBasedStateMachine):
         Wait.objects.filter(pk=wait.pk).update(next_due_at=timezone.now() - timedelta(seconds=1))
         self.call(waits_resume_due)
 
+    @precondition(lambda self: Job.objects.filter(pk__in=self.jobs, status=S.PENDING).exists())
+    @rule(data=st.data(), waiting=st.booleans())
+    def back_off(self, data, waiting) -> None:
+        """A pending job is in (or past) a retry back-off. The model runs with no back-off at all
+        (its draws must not depend on the clock); this puts one in, or ends it."""
+        job_id = data.draw(st.sampled_from(self.jobs_in(S.PENDING)))
+        Job.objects.filter(pk=job_id).update(run_after=timezone.now() + timedelta(hours=1) if waiting else None)
+
     @precondition(lambda self: Job.objects.filter(pk__in=self.jobs, status=S.PROCESSING).exists())
     @rule(data=st.data())
     def expire_a_lease_and_reconcile(self, data) -> None:
@@ -304,6 +312,10 @@ def check_invariants(job_ids: list[Any], first_results: dict[tuple[Any, str], An
             assert log[-1].type == "status", (pk, [(e.type, e.status) for e in log[-3:]])
             assert not any(key for job_id, key in open_questions if job_id == pk), (pk, job.status, open_questions)
             assert not any(key for job_id, key in active_waits if job_id == pk), (pk, job.status, active_waits)
+        # A run's error is the job's own, never the platform's: the runner records any exception a
+        # run raises (a bug in a ctx call included) as the job's `exception` error.
+        if job.error and job.error.get("code") == "exception":
+            assert "the model's run failed" in job.error["message"], (pk, job.error["message"][:2000])
         # No processing job without a lease.
         if job.status == S.PROCESSING:
             assert job.lease_expires_at is not None, pk

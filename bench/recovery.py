@@ -10,7 +10,8 @@ a 60 s lease, the reconciler every 10 s, a 30 s dispatch grace. Then:
 
 1. **Redis restarts empty** while 10 jobs wait in the queue behind a busy job: seconds from the
    restart (Redis answering again) until they run: the busy job is over by then, so this is the
-   time to notice the loss and re-send, plus the processes' reconnection. Before the broker's epoch was watched, they waited the whole dispatch grace.
+   time to notice the loss and re-send, plus the processes' reconnection (at most about one
+   reconciler interval). Before the broker's epoch was watched, they waited the whole grace.
 2. **A pool process is killed** (kill -9) in the middle of a 30 s job: seconds until the job runs
    again. Before the worker's main process took it back, it waited for the 60 s lease.
 3. **A backlog**: `--backlog` jobs queued behind a busy worker, and `--passes` reconciler passes,

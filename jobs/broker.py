@@ -63,6 +63,29 @@ def dispatch_mark(job_id: Any, *, countdown: float | None = None) -> None:
         logger.warning("could not mark the dispatch of job %s: %s", job_id, exc)
 
 
+# A batch is published one message at a time after its commit: this long per job, at most.
+BATCH_PUBLISH_SECONDS_PER_JOB = 0.02
+
+
+def dispatch_premark(job_ids: list[Any]) -> None:
+    """Mark a batch's jobs as on their way before its transaction commits: its messages are
+    published one by one after the commit, which for a large batch takes longer than the
+    dispatch grace, and the reconciler must not take the jobs still waiting their turn for lost
+    ones. The marks last the grace plus a generous publishing time per job; each job's own
+    dispatch then marks it for good. A batch whose process dies before publishing everything
+    is re-sent once these expire."""
+    if not job_ids:
+        return
+    ttl_ms = int(1000 * (settings.JOBS_DISPATCH_GRACE + BATCH_PUBLISH_SECONDS_PER_JOB * len(job_ids)))
+    try:
+        with _client().pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.set(mark_key(job_id), "1", px=ttl_ms)
+            pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("could not mark a batch of %d jobs as on their way: %s", len(job_ids), exc)
+
+
 def dispatch_forget(job_id: Any) -> None:
     """`job_id`'s message was consumed without the job being claimed or sent again (the worker
     gave up on it): nothing is on its way any more."""

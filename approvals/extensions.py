@@ -22,9 +22,10 @@ def register() -> None:
     extensions.context_method("ask")(runtime.ask)
     extensions.context_method("question")(runtime.question)
 
-    @extensions.transition_hook("approvals.close-questions", statuses={Job.Status.CANCELLED})
+    @extensions.transition_hook("approvals.close-questions", statuses=Job.TERMINAL, before=True)
     def close_questions(*, job: Job, to: str, actor: Any, channel: str | None) -> None:
-        questions_cancel_for_job(job=job, actor=actor, channel=channel)
+        comment = "the job was cancelled" if to == Job.Status.CANCELLED else f"the job ended ({to})"
+        questions_cancel_for_job(job=job, actor=actor, channel=channel, comment=comment)
 
     @extensions.visibility_rule("approvals.answerable")
     def answerable(user: Any) -> Any:

@@ -73,7 +73,11 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     """REST_FRAMEWORK's EXCEPTION_HANDLER: PlatformError at its own status, DRF's errors in the
     same shape. Anything else propagates (a 500 is a bug, not an answer)."""
     if isinstance(exc, PlatformError):
-        return Response(exc.as_dict(), status=exc.http_status)
+        response = Response(exc.as_dict(), status=exc.http_status)
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after:  # a 503 that is worth retrying (jobs.errors.Busy)
+            response["Retry-After"] = str(retry_after)
+        return response
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("not found")
     elif isinstance(exc, DjangoPermissionDenied):

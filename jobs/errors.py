@@ -55,3 +55,24 @@ class NotAllowed(PlatformError):
 
     code = "not_allowed"
     http_status = 403
+
+
+class ClaimDeferred(InvalidTransition):
+    """The job is pending but may not be claimed yet: it is in its retry back-off (an early
+    duplicate message), or an earlier run of it is still alive (a cancelled run still winding
+    down when a person retried the job). `retry_in` seconds from now the claim can succeed (the
+    back-off is over, the old run's lease has run out)."""
+
+    def __init__(self, message: str, *, retry_in: float, kind: str) -> None:
+        super().__init__(message)
+        self.retry_in = retry_in
+        self.kind = kind
+
+
+class Busy(PlatformError):
+    """The request lost a race for the database again and again (a deadlock, a serialization
+    failure) although it was retried: nothing was changed, send it again shortly."""
+
+    code = "busy"
+    http_status = 503
+    retry_after = 1

@@ -8,11 +8,12 @@ scheduled only after that transaction commits.
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Func, JSONField, QuerySet, Value
 from django.utils import timezone
 
 from jobs.broadcast import event_publish
@@ -153,3 +154,75 @@ def event_append(
                 raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}")
             raise JobNotFound(f"job {job_id} does not exist")
         return written[1]
+
+
+class _CheckpointAdd(Func):
+    """`checkpoint` with `{name: value}` added unless `name` is already there (the stored result
+    wins): PostgreSQL's `jsonb || jsonb` keeps the right side's keys."""
+
+    output_field = JSONField()
+
+    def __init__(self, name: str, value: Any) -> None:
+        super().__init__(F("checkpoint"), Value(name), Value(json.dumps(value)))
+
+    def as_postgresql(self, compiler, connection, **extra):
+        (checkpoint, checkpoint_params), (name, name_params), (value, value_params) = (
+            compiler.compile(expression) for expression in self.get_source_expressions()
+        )
+        sql = f"(jsonb_build_object(({name})::text, ({value})::jsonb) || {checkpoint})"
+        return sql, (*name_params, *value_params, *checkpoint_params)
+
+
+STEP_NOT_DONE = object()
+
+
+def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
+    """Write the `step started` event of the run `run_attempt`, unless `step` has finished
+    already (another run of the job finished it after this run loaded the checkpoint): then
+    return its stored result and write nothing. Returns `STEP_NOT_DONE` when the step is to run.
+    Raises `RunLost` when the run no longer owns the job."""
+    with transaction.atomic():
+        rows = Job.objects.filter(pk=job_id, status=Job.Status.PROCESSING, attempts=run_attempt).exclude(
+            checkpoint__has_key=step
+        )
+        fields = {"event_seq": F("event_seq") + 1, "updated_at": timezone.now()}
+        if job_update_with_event(rows=rows, fields=fields, type="step", step=step, status="started") is not None:
+            return STEP_NOT_DONE
+        current = Job.objects.filter(pk=job_id).values("status", "attempts", "checkpoint").first()
+    if current is None:
+        raise JobNotFound(f"job {job_id} does not exist")
+    if current["status"] != Job.Status.PROCESSING or current["attempts"] != run_attempt:
+        raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}")
+    return current["checkpoint"][step]
+
+
+def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> Any:
+    """Record that `step` finished with `value` and its `step completed` event; return the
+    step's stored result.
+
+    The first finished result wins: when another run of the job finished `step` first, that
+    result stays and is returned, and no other step's result is ever overwritten (each write adds
+    one key to what is stored, in the database). The result is kept even when the run no longer
+    owns the job (it was cancelled or taken back while the step ran), so that the work is never
+    done again; then no event is written (the job's log has moved on without this run) and
+    `RunLost` is raised so the run stops. Precondition: `value` is storable JSON.
+    """
+    connection = connections[Job.objects.db]
+    with transaction.atomic():
+        if connection.vendor != "postgresql":
+            # Elsewhere (SQLite, whose writers are serialised): read, add, write under the lock.
+            stored = Job.objects.select_for_update().filter(pk=job_id).values_list("checkpoint", flat=True).first()
+            merged = {step: value, **(stored or {})}
+            checkpoint: Any = merged
+        else:
+            checkpoint = _CheckpointAdd(step, value)
+        owned = Job.objects.filter(pk=job_id, status=Job.Status.PROCESSING, attempts=run_attempt)
+        fields = {"event_seq": F("event_seq") + 1, "updated_at": timezone.now(), "checkpoint": checkpoint}
+        written = job_update_with_event(rows=owned, fields=fields, type="step", step=step, status="completed")
+        if written is not None:
+            return written[0].checkpoint[step]
+        # Lost meanwhile: keep the result all the same (not for a job that completed).
+        kept = Job.objects.filter(pk=job_id).exclude(status=Job.Status.COMPLETED).update(checkpoint=checkpoint)
+        if not kept and not Job.objects.filter(pk=job_id).exists():
+            raise JobNotFound(f"job {job_id} does not exist")
+    raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}; the result of step {step!r} is kept")

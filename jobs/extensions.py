@@ -5,9 +5,13 @@ it learns about questions, waits, webhooks and the rest only through what is reg
 - **`ctx` methods** (`context_method`): `ctx.ask` and `ctx.question` come from `approvals`,
   `ctx.wait_for` from `waits`. Job authors see no difference.
 - **Transition hooks** (`transition_hook`): functions run inside the transaction of a status
-  move into the statuses they name, after the job's row is locked and written (so the job row
-  is always the first lock taken). A cancelled job's questions and waits close this way, and a
-  status change queues the owner's webhooks.
+  move into the statuses they name, after the job's row is locked (so the job row is always the
+  first lock taken): after the row is written, or with `before=True` just before, so that what
+  they record comes before the move's `status` event in the job's log (a finished job's last
+  event is its status event). A finished job's questions and waits close this way (before:
+  closing hooks, run only for a job marked as holding such rows, `Job.feature_rows`, which the
+  feature sets under the job's lock when it writes them), and a status change queues the
+  owner's webhooks (after).
 - **Visibility** (`visibility_rule`): extra reasons a user may see a job (a reviewer sees the
   jobs whose questions they may answer).
 - **Job page and admin sections** (`job_section`, `job_admin_inline`, `job_admin_link`): what a
@@ -88,29 +92,33 @@ def context_method_names() -> list[str]:
 class TransitionHook:
     """A function run in the transaction of every move into one of `statuses`.
 
-    `fn(*, job, to, actor, channel)` gets the updated job row; `actor` and `channel` are who
-    asked for the move and through what (admin, api, web, system), when the move says so.
-    With `owners_only`, jobs without an owner skip it (and a move that runs no hook at all can
-    be one autocommit statement: see `jobs.services.transition`).
+    `fn(*, job, to, actor, channel)` gets the updated job row (with `before`, the row as it is
+    before the move, locked; the move is sure to happen once the hook returns; such a hook closes
+    the feature's rows and runs only for a job with `feature_rows` set); `actor` and
+    `channel` are who asked for the move and through what (admin, api, web, system), when the
+    move says so. With `owners_only`, jobs without an owner skip it (and a move that runs no
+    hook at all can be one autocommit statement: see `jobs.services.transition`).
     """
 
     name: str
     statuses: frozenset[str]
     fn: Callable[..., None]
     owners_only: bool = False
+    before: bool = False
 
 
 _transition_hooks: dict[str, TransitionHook] = {}
 
 
 def transition_hook(
-    name: str, *, statuses: Iterable[str], owners_only: bool = False
+    name: str, *, statuses: Iterable[str], owners_only: bool = False, before: bool = False
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Run the decorated function inside every move of a job into one of `statuses`."""
+    """Run the decorated function inside every move of a job into one of `statuses` (after the
+    job's row is written, or with `before` just before it: see `TransitionHook`)."""
 
     def register(fn: Callable[..., None]) -> Callable[..., None]:
         _transition_hooks[name] = TransitionHook(name=name, statuses=frozenset(statuses), fn=fn,
-                                                 owners_only=owners_only)
+                                                 owners_only=owners_only, before=before)
         return fn
 
     return register

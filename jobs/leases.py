@@ -9,6 +9,13 @@ expires, and the reconciler (`jobs.services.jobs_recover_expired_leases`) takes 
 A cancelled job's run keeps renewing while it winds down: a live lease on a `cancelled` job
 means a run that has not yet noticed, which the reconciler terminates after JOBS_CANCEL_GRACE.
 
+A run that has lost its job stops before its lease ends. When a renewal finds the job no longer
+this run's (cancelled and retried, taken back), the run is told at once and stops at its next
+`ctx` call; a run that cannot renew (the database away) or that has lost its job and still runs
+when its lease is about to end is terminated by its own heartbeat (in a Celery pool process: the
+process is killed, and the worker's main process sees it go). So by the time its lease has
+expired, and another run may claim the job, the old run is gone: two runs of a job never overlap.
+
 Drain: when a worker is told to stop (SIGTERM, Celery's warm shutdown), its main process marks
 the worker as draining in Redis. The heartbeat thread of each pool process looks for the mark
 every second and asks the runs in its process to hand their jobs back (`HandBack`, raised at
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -39,6 +47,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DRAIN_MARK_TTL = 3600  # seconds; a worker that never restarts must not leave the mark forever
+
+# Set in a Celery pool process (`jobs.tasks`): there, a run past its lease is stopped by killing
+# the process. Elsewhere (tests, an eager call) the heartbeat only marks the run lost.
+TERMINATE_OVERDUE_RUNS = False
+
+
+def _kill_this_process() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def lease_deadline() -> Any:
@@ -69,18 +85,28 @@ def drain_mark(hostname: str, draining: bool) -> None:
 
 
 class Heartbeat:
-    """The lease-renewing thread of one process, and the runs it keeps alive."""
+    """The lease-renewing thread of one process, and the runs it keeps alive.
+
+    `terminate` is called (from the heartbeat's thread) when a run is about to outlive its lease
+    without having stopped; by default, in a Celery pool process, it kills the process.
+    """
 
     max_tick = 1.0  # seconds between two looks at the drain mark (at most)
 
-    def __init__(self) -> None:
+    def __init__(self, terminate: Any = None) -> None:
         self.pid = os.getpid()
+        self.terminate = terminate
         self._lock = threading.Lock()
         self._runs: dict[Any, JobContext] = {}
         self._renewed_at = time.monotonic()
         self._redis: redis.Redis | None = None
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="job-lease-heartbeat", daemon=True)
         self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread (for tests; a process's heartbeat lives as long as the process)."""
+        self._stopped.set()
 
     def add(self, ctx: JobContext) -> None:
         with self._lock:
@@ -91,9 +117,11 @@ class Heartbeat:
             if self._runs.get(ctx.job_id) is ctx:
                 del self._runs[ctx.job_id]
 
+    def _tick(self) -> float:
+        return min(self.max_tick, settings.JOBS_LEASE_SECONDS / 6)
+
     def _loop(self) -> None:
-        while True:
-            time.sleep(min(self.max_tick, settings.JOBS_LEASE_SECONDS / 6))
+        while not self._stopped.wait(self._tick()):
             with self._lock:
                 runs = list(self._runs.values())
             if not runs:
@@ -101,14 +129,24 @@ class Heartbeat:
             self._look_for_drain(runs)
             if time.monotonic() - self._renewed_at >= settings.JOBS_LEASE_SECONDS / 3:
                 self._renew(runs)
+            self._stop_overdue(runs)
 
     def _renew(self, runs: list[JobContext]) -> None:
         try:
             for ctx in runs:
+                if ctx.lost:
+                    continue
+                started = time.monotonic()
                 # Processing or cancelled, under this run's attempt: the run is still alive.
-                Job.objects.filter(
+                renewed = Job.objects.filter(
                     pk=ctx.job_id, attempts=ctx.attempt, status__in=[Job.Status.PROCESSING, Job.Status.CANCELLED]
                 ).update(lease_expires_at=lease_deadline())
+                if renewed:
+                    ctx.lease_until = started + settings.JOBS_LEASE_SECONDS
+                else:
+                    # Retried after a cancellation, or taken back: another run may have the job.
+                    # Stop at the next ctx call, and renew nothing more.
+                    ctx.lost = True
             self._renewed_at = time.monotonic()
         except Exception as exc:  # the database restarting: try again at the next tick
             logger.warning("could not renew job leases: %s", exc)
@@ -116,6 +154,25 @@ class Heartbeat:
             # No idle connection per process between two renewals (nor a dead one after a
             # database restart): one connect every third of a lease is cheap.
             connection.close()
+
+    def _stop_overdue(self, runs: list[JobContext]) -> None:
+        """Terminate a run about to outlive its lease (unrenewed: lost, or no database): once the
+        lease has expired another run may claim the job, and the two must never overlap."""
+        margin = 2 * self._tick()
+        now = time.monotonic()
+        overdue = [ctx for ctx in runs if now >= ctx.lease_until - margin]
+        if not overdue:
+            return
+        for ctx in overdue:
+            logger.error("job %s: run %s is about to outlive its lease (%s); stopping it", ctx.job_id, ctx.attempt,
+                         "it lost the job" if ctx.lost else "the lease could not be renewed")
+            ctx.lost = True
+        terminate = self.terminate or (_kill_this_process if TERMINATE_OVERDUE_RUNS else None)
+        if terminate is not None:
+            with self._lock:
+                for ctx in overdue:
+                    self._runs.pop(ctx.job_id, None)
+            terminate()
 
     def _look_for_drain(self, runs: list[JobContext]) -> None:
         hostnames = {ctx.worker_hostname for ctx in runs if ctx.worker_hostname and not ctx.hand_back_requested}

@@ -107,6 +107,10 @@ class Job(models.Model):
     progress_text = models.CharField(max_length=500, blank=True, default="")
     attempts = models.PositiveIntegerField(default=0, help_text="Runs started so far.")
     max_attempts = models.PositiveIntegerField(default=3)
+    # Runs handed back without counting as an attempt (the worker shut down, the database went
+    # away), since the job was submitted or last retried by a person: bounded by
+    # JOBS_HAND_BACK_BUDGET, past which a hand-back counts as a failed attempt.
+    hand_backs = models.PositiveIntegerField(default=0)
     # {step name: its JSON result} for every finished `ctx.step`.
     checkpoint = models.JSONField(default=dict, blank=True)
     owner = models.ForeignKey(
@@ -116,6 +120,14 @@ class Job(models.Model):
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     # The seq of the job's last event: the next event takes event_seq + 1 under the row lock.
     event_seq = models.PositiveIntegerField(default=0)
+    # What a `paused` or `waiting` job is suspended on (`question:<key>`, `wait:<key>`, as the
+    # suspending feature names it), so that only that thing resumes it; "" otherwise.
+    suspended_on = models.CharField(max_length=250, blank=True, default="")
+    # Set (under the job's row lock) once a feature app wrote rows for this job that must close
+    # when it finishes (a question, a wait): only then does a move into a finished status run the
+    # feature apps' closing hooks (`jobs.extensions`, `before=True`); other jobs finish in one
+    # statement.
+    feature_rows = models.BooleanField(default=False)
     # When a pending job may next run (a retry's back-off); null means now.
     run_after = models.DateTimeField(null=True, blank=True)
     # The lease of the run in progress: set by the claim, renewed by the worker's heartbeat

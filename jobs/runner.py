@@ -11,9 +11,10 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
+from jobs.errors import ClaimDeferred, InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import RunLost
 from jobs.leases import heartbeat
+from jobs.models import Job
 from jobs.registry import kind_get
 from jobs.runtime import HandBack, JobContext, JobFailure, Suspend
 from jobs.services import (
@@ -23,7 +24,9 @@ from jobs.services import (
     job_hand_back,
     job_suspend,
     run_lease_release,
+    transitions,
 )
+from jobs.storable import json_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,12 @@ def job_execute(*, job_id: Any, worker: str = "", worker_hostname: str = "", tas
     """
     try:
         job = job_claim(job_id=job_id, worker=worker, task_id=task_id)
+    except ClaimDeferred as exc:
+        # An earlier run of the job is still stopping: look again once its lease has run out (it
+        # sends the job again itself if it stops sooner).
+        logger.info("job %s not claimed yet: %s", job_id, exc)
+        transitions.job_dispatch(job=Job(pk=job_id, kind=exc.kind), countdown=exc.retry_in)
+        return "deferred"
     except (InvalidTransition, JobNotFound) as exc:
         logger.info("job %s not claimed: %s", job_id, exc)
         return "skipped"
@@ -64,7 +73,8 @@ def _run(kind, ctx: JobContext, job) -> str:
             # log ends with the job's last reported state (a lost run raises RunLost here).
             ctx.flush()
     except Suspend as suspend:  # a question (`paused`), a wait (`waiting`): see jobs.extensions
-        return _record(job_suspend, job=job, to=suspend.status, apply=suspend.apply, message=suspend.message)
+        return _record(job_suspend, job=job, to=suspend.status, apply=suspend.apply, message=suspend.message,
+                       on=suspend.on)
     except HandBack as exc:
         return _record(job_hand_back, job=job, reason=str(exc))
     except RunLost as exc:
@@ -84,28 +94,50 @@ def _run(kind, ctx: JobContext, job) -> str:
         # The traceback is for the logs (above) and the admin: the owner and webhooks get the message.
         return _record(job_fail, job=job, code="exception", message=f"{type(exc).__name__}: {exc}",
                        traceback="".join(traceback.format_exc(limit=-8)))
+    refusal = json_refusal(result)
+    if refusal is not None:
+        # Refused here, not by the database at the write: the job fails at once instead of
+        # staying `processing` until its lease runs out and running again.
+        message = (f"the handler returned a value that cannot be stored as JSON: {refusal}; return dicts, lists, "
+                   "strings, finite numbers, booleans and None (dates and decimals as strings)")
+        return _record(job_fail, job=job, code="result_not_json", message=message, retry=False)
     return _record(job_complete, job=job, result=result)
 
 
 def database_lost(exc: BaseException) -> bool:
     """Is `exc` the database going away (a restart, a failover, a dropped connection) rather
-    than the job's own error? Then the job is not to blame and must not lose an attempt."""
+    than the job's own error? Then the job is not to blame and must not lose an attempt.
+
+    Proven, never guessed from the error's text: the run's connection is dead (the server
+    closed it), or a fresh connection gets no answer. An error on a connection that still
+    works (a statement timeout, a lock timeout, a message that merely says "connection") is
+    the job's own, retried as any other.
+    """
     if not isinstance(exc, (OperationalError, InterfaceError)):
         return False
+    if not _connection_dead():
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            return False  # the same connection answers: the statement failed, not the database
+        except (OperationalError, InterfaceError):
+            pass
     connection.close()  # the next query opens a fresh connection
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-    except (OperationalError, InterfaceError):
-        return True
-    # The database answers again: was the failed connection the problem, or the query?
-    return "connection" in str(exc).lower() or "terminat" in str(exc).lower()
+    return True
+
+
+def _connection_dead() -> bool:
+    """Did the server close this process's connection (psycopg marks it closed or broken)?"""
+    raw = connection.connection
+    if raw is None:
+        return False
+    return bool(getattr(raw, "closed", False) or getattr(raw, "broken", False))
 
 
 def _hand_back_after_database_loss(job, exc: BaseException) -> str:
-    """The run lost its database mid-way: hand the job back (not counted against its attempts)
-    as soon as the database answers, for at most half a lease; after that the lease expires and
-    the reconciler takes the job back instead."""
+    """The run lost its database mid-way: hand the job back (not counted against its attempts,
+    within the job's hand-back budget) as soon as the database answers, for at most half a
+    lease; after that the lease expires and the reconciler takes the job back instead."""
     logger.warning("job %s: the database went away during the run (%s); handing the job back", job.pk, exc)
     deadline = time.monotonic() + settings.JOBS_LEASE_SECONDS / 2
     delay = 0.2

@@ -18,14 +18,16 @@ keep the code between steps cheap and deterministic.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from jobs.events import RunLost, event_append
+from django.conf import settings
+
+from jobs.events import STEP_NOT_DONE, RunLost, event_append, step_begin, step_checkpoint
 from jobs.models import Job
+from jobs.storable import json_refusal, storable_text
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,8 @@ class Suspend(BaseException):
     no worker; `apply(job)` writes the feature's own rows (its question, its wait) in the very
     transaction that moves the job, and returns True when what the job waits for already came
     (the job is then runnable again at once). `message` goes into the job's `status` event.
+    `on` names what the job is suspended on (`question:<key>`, `wait:<key>`): stored on the job
+    (`Job.suspended_on`), so that only a wake naming it resumes the job.
     The feature apps raise subclasses of it from their `ctx` methods (`jobs.extensions`).
 
     A BaseException so that a handler's `except Exception` cannot swallow it by accident.
@@ -47,10 +51,11 @@ class Suspend(BaseException):
     status: str = ""
 
     def __init__(self, reason: str, *, apply: Callable[[Job], bool | None], message: dict[str, Any] | None = None,
-                 status: str | None = None) -> None:
+                 status: str | None = None, on: str = "") -> None:
         super().__init__(reason)
         self.apply = apply
         self.message = message
+        self.on = on
         if status is not None:
             self.status = status
         if self.status not in (Job.Status.PAUSED, Job.Status.WAITING):
@@ -65,7 +70,7 @@ class PauseForResolution(Suspend):
 
     def __init__(self, question: dict[str, Any], *, apply: Callable[[Job], bool | None]) -> None:
         super().__init__(f"waiting for an answer to {question['key']!r}", apply=apply,
-                         message={"question": question["key"]})
+                         message={"question": question["key"]}, on=f"question:{question['key']}")
         self.question = question
 
 
@@ -77,7 +82,7 @@ class ParkForWait(Suspend):
     status = Job.Status.WAITING
 
     def __init__(self, *, key: str, apply: Callable[[Job], bool | None], message: dict[str, Any]) -> None:
-        super().__init__(f"waiting on {key!r}", apply=apply, message=message)
+        super().__init__(f"waiting on {key!r}", apply=apply, message=message, on=f"wait:{key}")
         self.key = key
 
 
@@ -119,6 +124,11 @@ class JobContext:
         # set by the lease heartbeat thread (`jobs.leases`), acted on at the next ctx call.
         self.worker_hostname = worker_hostname
         self.hand_back_requested = False
+        # Set by the heartbeat when the run no longer owns the job (or its lease could not be
+        # renewed in time): the next ctx call raises RunLost. `lease_until` is when the lease the
+        # heartbeat last wrote ends, in this process's time.monotonic().
+        self.lost = False
+        self.lease_until = time.monotonic() + settings.JOBS_LEASE_SECONDS
         self.job_id = job.pk
         self.input = job.input
         self.attempt = job.attempts
@@ -139,19 +149,32 @@ class JobContext:
             self._event("step", step=name, status="skipped")
             return self._checkpoint[name]
         self._hand_back_if_asked()
-        self._event("step", step=name, status="started")
+        self.flush()
+        stored = step_begin(job_id=self.job_id, run_attempt=self.attempt, step=name)
+        if stored is not STEP_NOT_DONE:  # an earlier run finished it after this run began
+            self._checkpoint[name] = stored
+            self._event("step", step=name, status="skipped")
+            return stored
         try:
             value = fn()
-            json.dumps(value)
-        except TypeError as exc:
-            self._event("step", step=name, status="failed", message={"error": f"result is not JSON: {exc}"})
-            raise JobFailure("step_result_not_json", f"step {name!r} returned a value that is not JSON: {exc}") from exc
         except Exception as exc:
-            self._event("step", step=name, status="failed", message={"error": f"{type(exc).__name__}: {exc}"})
+            error = storable_text(f"{type(exc).__name__}: {exc}")
+            self._event("step", step=name, status="failed", message={"error": error})
             raise
-        self._checkpoint[name] = value
-        self._event("step", step=name, status="completed", fields={"checkpoint": self._checkpoint})
-        return value
+        # Only the result's own shape gives this code (a TypeError raised by `fn` is its own
+        # error, retried as any other), and it is checked before the step counts as done.
+        refusal = json_refusal(value)
+        if refusal is not None:
+            self._event("step", step=name, status="failed", message={"error": f"result is not JSON: {refusal}"})
+            raise JobFailure(
+                "step_result_not_json",
+                f"step {name!r} returned a value that cannot be stored as JSON: {refusal}; return dicts, "
+                "lists, strings, finite numbers, booleans and None (dates and decimals as strings)",
+            )
+        self.flush()
+        stored = step_checkpoint(job_id=self.job_id, run_attempt=self.attempt, step=name, value=value)
+        self._checkpoint[name] = stored
+        return stored
 
     # -- progress and logs ------------------------------------------------------------------
     def progress(self, fraction: float, text: str = "") -> None:
@@ -193,7 +216,10 @@ class JobContext:
 
     # -- internals ---------------------------------------------------------------------------
     def _hand_back_if_asked(self) -> None:
-        """Stop here, between two steps, when the worker is draining (see `HandBack`)."""
+        """Stop here, between two steps, when the worker is draining (see `HandBack`), or when
+        the run has lost its job (`RunLost`: the heartbeat found it so)."""
+        if self.lost:
+            raise RunLost(f"job {self.job_id} is no longer run by attempt {self.attempt}")
         if self.hand_back_requested:
             self.flush()
             raise HandBack(f"worker {self.worker_hostname} is shutting down")

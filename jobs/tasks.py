@@ -3,21 +3,70 @@
 import logging
 import os
 
-from celery import shared_task
-from celery.signals import worker_process_shutdown, worker_ready, worker_shutting_down
+from billiard.einfo import ExceptionWithTraceback
+from celery import Task, shared_task
+from celery.exceptions import Terminated, WorkerLostError
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready, worker_shutting_down
+from celery.worker.request import Request
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
+from jobs import leases
 from jobs.broadcast import flush_pending
+from jobs.broker import dispatch_forget
 from jobs.leases import drain_mark
 from jobs.periodic import PeriodicPassTask
 from jobs.runner import job_execute
-from jobs.services import jobs_recover_expired_leases, jobs_redispatch_stale, jobs_terminate_cancelled_runs
+from jobs.services import (
+    job_run_died,
+    jobs_recover_expired_leases,
+    jobs_redispatch_stale,
+    jobs_terminate_cancelled_runs,
+)
 
 logger = logging.getLogger(__name__)
 
+MAX_DATABASE_RETRIES = 10  # of a message whose claim found the database away (some 4 minutes)
 
-@shared_task(name="jobs.run", bind=True, ignore_result=True)
+
+class JobRunRequest(Request):
+    """A `jobs.run` message as the worker's MAIN process sees it. When the pool process running it
+    dies (kill -9, out of memory, a segfault, its heartbeat stopping a run past its lease) or is
+    terminated by a revoke, the main process knows at once: it takes the job back then
+    (`job_run_died`), instead of leaving it `processing` until its lease runs out. Celery then
+    goes on as usual (the message is requeued, `task_reject_on_worker_lost`).
+    https://docs.celeryq.dev/en/stable/userguide/tasks.html#requests-and-custom-requests
+    """
+
+    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        # What Celery itself reads as a lost worker (request.py), and a revoke's termination.
+        died = isinstance(exc, WorkerLostError | Terminated) or (
+            isinstance(exc, SystemExit | KeyboardInterrupt) and not (self._already_cancelled or self._already_revoked)
+        )
+        if died and self.args:
+            _take_back_at_once(job_id=self.args[0], task_id=self.id, reason=str(exc) or type(exc).__name__)
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+
+def _take_back_at_once(*, job_id: str, task_id: str, reason: str) -> None:
+    """In the main process: never let a database hiccup break Celery's own handling (the lease
+    remains the way back then)."""
+    try:
+        job_run_died(job_id=job_id, task_id=task_id, reason=reason)
+    except Exception as exc:
+        logger.warning("job %s: could not take the dead run back at once (its lease will): %s", job_id, exc)
+    finally:
+        connection.close()
+
+
+class JobRunTask(Task):
+    Request = JobRunRequest
+
+
+@shared_task(name="jobs.run", bind=True, ignore_result=True, base=JobRunTask)
 def job_run(self, job_id: str) -> str:
     """Run the job `job_id` once (claim, handler, outcome). Safe to deliver twice."""
     hostname = self.request.hostname or ""
@@ -31,7 +80,11 @@ def job_run(self, job_id: str) -> str:
         # again later is safe whatever point the run reached; meanwhile the reconciler and the
         # lease cover a job whose retries run out.
         connection.close()
-        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30), max_retries=10) from exc
+        if self.request.retries >= MAX_DATABASE_RETRIES:
+            dispatch_forget(job_id)  # no message left for it: the reconciler sends one after the grace
+            raise
+        countdown = min(2 ** self.request.retries, 30)
+        raise self.retry(exc=exc, countdown=countdown, max_retries=MAX_DATABASE_RETRIES) from exc
 
 
 @shared_task(name="jobs.reconcile", base=PeriodicPassTask, ignore_result=True)
@@ -61,6 +114,13 @@ def _start_draining(sender, **kwargs) -> None:
 def _stop_draining(sender, **kwargs) -> None:
     """A worker that starts again under the same name takes jobs as usual."""
     drain_mark(str(getattr(sender, "hostname", sender)), draining=False)
+
+
+@worker_process_init.connect
+def _stop_overdue_runs_by_exiting(**kwargs) -> None:
+    """In a pool process, a run about to outlive its lease is stopped by killing the process
+    (`jobs.leases`): the worker's main process sees it and takes the job back at once."""
+    leases.TERMINATE_OVERDUE_RUNS = True
 
 
 @worker_process_shutdown.connect

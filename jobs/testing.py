@@ -328,6 +328,9 @@ class KindRun:
         raise HarnessError(f"the run cannot go on: {stuck}, and no driver can resume it")
 
     def _run_once(self, job_id: Any) -> None:
+        run_after = Job.objects.filter(pk=job_id).values_list("run_after", flat=True).first()
+        if run_after is not None:  # a retry's back-off: the clock skips it, nobody sleeps
+            self.clock.advance_to(run_after)
         job = job_claim(job_id=job_id, worker="jobs.testing")
         kind = kind_get(job.kind)
         ctx = JobContext(job, worker_hostname="jobs.testing")

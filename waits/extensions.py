@@ -22,9 +22,9 @@ def register() -> None:
 
     extensions.context_method("wait_for")(wait_for)
 
-    @extensions.transition_hook("waits.close-waits", statuses={Job.Status.CANCELLED})
+    @extensions.transition_hook("waits.close-waits", statuses=Job.TERMINAL, before=True)
     def close_waits(*, job: Job, to: str, actor: Any, channel: str | None) -> None:
-        waits_cancel_for_job(job=job, actor=actor)
+        waits_cancel_for_job(job=job, actor=actor, to=to)
 
     @extensions.visibility_rule("waits.may-act")
     def may_act(user: Any) -> Any:

@@ -40,7 +40,7 @@ from waits.errors import InvalidResult, NotAllowedToAct, WaitBusy, WaitEnded, Wa
 from waits.ledger import wait_decision_record
 from waits.models import Wait, WaitDecision
 from waits.policy import Person
-from waits.services import token_fields_fresh, wait_ended_text
+from waits.services import token_fields_fresh, wait_ended_text, wait_suspension
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def wait_provide(*, wait_id: Any, user: Any, result: Any, comment: str = "", via
         _event(wait, "done", {"by": "person", "user": user.get_username(), "via": via})
         wait_decision_record(wait=wait, kind=Kind.PROVIDED, channel=Channel.PERSON, actor=user, via=via,
                              result=result, comment=comment, client_address=client_address)
-        job_wake(job_id=wait.job_id, reason={"wait": wait.key, "by": "person"})
+        job_wake(job_id=wait.job_id, on=wait_suspension(wait.key), reason={"wait": wait.key, "by": "person"})
 
     return _act(wait_id=wait_id, user=user, action="provide", via=via, client_address=client_address, apply=provide)
 
@@ -166,7 +166,7 @@ def wait_retry_submit(*, wait_id: Any, user: Any, comment: str = "", via: str = 
         wait_decision_record(wait=wait, kind=Kind.RETRIED, channel=Channel.PERSON, actor=user, via=via,
                              comment=comment, client_address=client_address,
                              detail={"previous_external_id": wait.external_id})
-        job_wake(job_id=wait.job_id, reason={"wait": wait.key, "by": "person"})
+        job_wake(job_id=wait.job_id, on=wait_suspension(wait.key), reason={"wait": wait.key, "by": "person"})
 
     return _act(wait_id=wait_id, user=user, action="retry", via=via, client_address=client_address, apply=retry)
 
@@ -285,7 +285,7 @@ def wait_expire(*, wait_id: Any, now: datetime | None = None) -> str | None:
             _event(wait, "done", {"by": "deadline", "on_timeout": "default"})
             wait_decision_record(wait=wait, kind=Kind.DEFAULTED, channel=Channel.DEADLINE, result=result,
                                  comment=f"{deadline}; the default result is used")
-            job_wake(job_id=wait.job_id, reason={"wait": wait.key, "by": "deadline"})
+            job_wake(job_id=wait.job_id, on=wait_suspension(wait.key), reason={"wait": wait.key, "by": "deadline"})
         elif action == "cancel":
             _update(wait, state=Wait.State.CANCELLED, next_due_at=None, ended_by=Channel.DEADLINE, ended_at=now,
                     error={"code": "cancelled", "message": f"{deadline}; the job was cancelled"})

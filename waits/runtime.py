@@ -84,10 +84,16 @@ def wait_for(ctx: JobContext, key: str, *, submit: Submit, check: Check, policy:
     ctx.flush()  # a held progress report goes first
     policy = policy or WaitPolicy()
     spec = person_spec_build(key=key, person=person, timeout=timeout, on_timeout=on_timeout)
-    wait = wait_open(job_id=ctx.job_id, key=key, service=service, policy=policy, person=spec)
+    done = Wait.objects.filter(job_id=ctx.job_id, key=key, state=Wait.State.SUCCEEDED).first()
+    if done is not None:  # a finished wait's result is read, not written: nothing to fence
+        return _result_as(result, key, done.result)
+    # Every write before `submit` is fenced to this run (a cancelled or stale run raises RunLost
+    # here, before anything leaves the platform).
+    wait = wait_open(job_id=ctx.job_id, key=key, service=service, policy=policy, person=spec,
+                     run_attempt=ctx.attempt)
     if wait.state == Wait.State.SUCCEEDED:
         return _result_as(result, key, wait.result)
-    wait = wait_execution_begin(wait_id=wait.pk)
+    wait = wait_execution_begin(wait=wait, run_attempt=ctx.attempt)
     if wait.executions > policy.max_executions:
         _fail(ctx, wait, "wait_backstop",
               f"the job ran {wait.executions} times through wait {key!r}, more than max_executions "

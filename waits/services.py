@@ -20,10 +20,11 @@ from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 
+from jobs.conflicts import retry_on_conflict
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
-from jobs.services import job_cancel, job_wake
+from jobs.services import job_cancel, job_lock, job_wake, run_lock
 from waits.errors import WaitNotActive, WakeTokenInvalid
 from waits.ledger import wait_decision_record
 from waits.models import Wait, WaitDecision
@@ -33,6 +34,11 @@ from waits.selectors import waits_due
 logger = logging.getLogger(__name__)
 
 Event = tuple[str, dict[str, Any]]  # (wait event status, message)
+
+
+def wait_suspension(key: str) -> str:
+    """What a job parked on the wait `key` is suspended on (`Job.suspended_on`)."""
+    return f"wait:{key}"
 
 
 # -- tokens -----------------------------------------------------------------------------------
@@ -64,15 +70,23 @@ def token_fields_fresh() -> dict[str, Any]:
 
 
 # -- what a run does --------------------------------------------------------------------------
-def wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy,
+def wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy, run_attempt: int,
               person: dict[str, Any] | None = None) -> Wait:
     """The job's wait `key`, created (with its token minted) on first use.
 
     `person` (from `waits.people.person_spec_build`) makes it a combined wait: what a person is
     shown, who may act, and the one deadline (`timeout` seconds from now) with its policy.
     A wait that failed or was cancelled starts again from scratch with a new token and a fresh
-    deadline: the job is being run again because a person retried it.
+    deadline: the job is being run again because a person retried it. Fenced to the run
+    `run_attempt` under the job's row lock (`RunLost` when it no longer owns the job): a
+    cancelled or stale run never leaves an active wait behind.
     """
+    with transaction.atomic():
+        run_lock(job_id=job_id, attempt=run_attempt)
+        return _wait_open(job_id=job_id, key=key, service=service, policy=policy, person=person)
+
+
+def _wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy, person: dict[str, Any] | None) -> Wait:
     wait = Wait.objects.filter(job_id=job_id, key=key).first()
     mode = Wait.Mode.CALLBACK if policy.callback else Wait.Mode.POLL
     if wait is None:
@@ -118,11 +132,14 @@ def _person_assign(wait: Wait, person: dict[str, Any] | None) -> None:
     wait.assigned_groups.set(assignees.get("groups") or [])
 
 
-def wait_execution_begin(*, wait_id: int) -> Wait:
+def wait_execution_begin(*, wait: Wait, run_attempt: int) -> Wait:
     """Count one more run through the wait and consume a pending wake (this run will look). The
     returned wait's `woken_by` says what woke this run ("callback", "admin", "person"; "" for a
-    due mark or the first run), so that the check can say which channel ended it."""
-    with transaction.atomic():  # the wait's row alone: this run holds no other lock meanwhile
+    due mark or the first run), so that the check can say which channel ended it. Fenced to the
+    run `run_attempt` (`RunLost`): a stale run cannot consume the live run's wake."""
+    wait_id = wait.pk
+    with transaction.atomic():
+        run_lock(job_id=wait.job_id, attempt=run_attempt)  # the job's row first
         woken_by = Wait.objects.select_for_update().filter(pk=wait_id).values_list("woken_by", flat=True).get()
         Wait.objects.filter(pk=wait_id).update(executions=F("executions") + 1, woken_at=None, woken_by="",
                                                updated_at=timezone.now())
@@ -178,13 +195,16 @@ def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None) -> None
     Wait.objects.filter(pk=wait.pk).update(woken_at=now, woken_by=by, next_due_at=now, updated_at=now)
     event_append(job_id=wait.job_id, type="wait", step=wait.key, status="woken", message={"by": by, **(message or {})})
     try:
-        job_wake(job_id=wait.job_id, reason={"wait": wait.key, "by": by})
+        job_wake(job_id=wait.job_id, on=wait_suspension(wait.key), reason={"wait": wait.key, "by": by})
     except InvalidTransition:
         # The run has not parked yet (the service called back at once), or a look is already
-        # on its way: the run finds `woken_at` when it parks and resumes at once.
+        # on its way: the run finds `woken_at` when it parks and resumes at once. Or the job
+        # is not parked on this wait at all (paused on a question, parked on another wait):
+        # it is not resumed.
         pass
 
 
+@retry_on_conflict
 def wake_token_redeem(*, token: str) -> Wait:
     """Take a callback: make the wait due now and resume its job. Usable once.
 
@@ -196,7 +216,7 @@ def wake_token_redeem(*, token: str) -> Wait:
     job_id = Wait.objects.filter(token_hash=digest).values_list("job_id", flat=True).first()
     with transaction.atomic():
         if job_id is not None:  # the job's row first, as every path that wakes or ends a wait
-            Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True).first()
+            job_lock(job_id=job_id)
         wait = (
             Wait.objects.select_for_update(of=("self",)).select_related("job").filter(token_hash=digest).first()
         )
@@ -223,20 +243,25 @@ def waits_resume_due(*, limit: int = 500) -> int:
     resumed = 0
     for _wait_id, job_id, key in waits_due(limit=limit):
         try:
-            with transaction.atomic():
-                event_append(job_id=job_id, type="wait", step=key, status="woken", message={"by": "schedule"})
-                job_wake(job_id=job_id, reason={"wait": key, "by": "schedule"})
+            _resume_due(job_id=job_id, key=key)
         except InvalidTransition:
             continue  # it moved meanwhile (cancelled, or a callback resumed it)
         resumed += 1
     return resumed
 
 
+@retry_on_conflict
+def _resume_due(*, job_id: Any, key: str) -> None:
+    with transaction.atomic():
+        event_append(job_id=job_id, type="wait", step=key, status="woken", message={"by": "schedule"})
+        job_wake(job_id=job_id, on=wait_suspension(key), reason={"wait": key, "by": "schedule"})
+
+
+@retry_on_conflict
 def wait_check_now(*, wait_id: int, actor: Any = None) -> Wait:
     """A person asks for a look now (from the admin): the wait is due at once and its job resumes."""
-    job_id = Wait.objects.filter(pk=wait_id).values_list("job_id", flat=True).first()
     with transaction.atomic():
-        Job.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True).first()  # the job first
+        _lock_the_job_of(wait_id)
         wait = Wait.objects.select_for_update().filter(pk=wait_id).first()
         if wait is None or not wait.is_active:
             raise WaitNotActive(f"wait {wait_id} has finished; there is nothing to check")
@@ -244,9 +269,11 @@ def wait_check_now(*, wait_id: int, actor: Any = None) -> Wait:
     return wait
 
 
+@retry_on_conflict
 def wait_cancel(*, wait_id: int, actor: Any = None) -> Wait:
     """A person gives up on the external work: its job is cancelled, which closes the wait."""
     with transaction.atomic():
+        _lock_the_job_of(wait_id)
         wait = Wait.objects.select_for_update().filter(pk=wait_id).first()
         if wait is None or not wait.is_active:
             raise WaitNotActive(f"wait {wait_id} has finished; there is nothing to cancel")
@@ -255,23 +282,36 @@ def wait_cancel(*, wait_id: int, actor: Any = None) -> Wait:
     return wait
 
 
-def waits_cancel_for_job(*, job: Any, actor: Any = None) -> int:
-    """Close the active waits of `job` (it was cancelled); a later callback finds no token.
+def _lock_the_job_of(wait_id: int) -> None:
+    """The job's row first, then the wait: the platform's one lock order (a cancel locks the
+    job, then its waits). Caller is in a transaction."""
+    job_id = Wait.objects.filter(pk=wait_id).values_list("job_id", flat=True).first()
+    if job_id is not None:
+        job_lock(job_id=job_id)
 
-    Precondition: the caller holds the transaction that cancels the job.
+
+def waits_cancel_for_job(*, job: Any, actor: Any = None, to: str = Job.Status.CANCELLED) -> int:
+    """Close the active waits of `job` (it was cancelled, or ended with status `to` without
+    coming back to them); a later callback finds no token.
+
+    Precondition: the caller holds the transaction that ends the job.
     """
     closed = 0
+    if to == Job.Status.CANCELLED:
+        error = {"code": "cancelled", "message": f"cancelled by {getattr(actor, 'username', None) or 'the system'}"}
+    else:
+        error = {"code": "abandoned", "message": f"the job ended ({to}) without coming back to this wait"}
     for wait in Wait.objects.select_for_update().filter(job_id=job.pk, state__in=Wait.ACTIVE):
         now = timezone.now()
-        by = getattr(actor, "username", None) or "the system"
         Wait.objects.filter(pk=wait.pk).update(
             state=Wait.State.CANCELLED, next_due_at=None, updated_at=now, ended_by=WaitDecision.Channel.SYSTEM,
-            ended_at=now, error={"code": "cancelled", "message": f"cancelled by {by}"},
+            ended_at=now, error=error,
         )
         event_append(job_id=job.pk, type="wait", step=wait.key, status="failed",
-                     message={"code": "cancelled", "by": getattr(actor, "username", None)})
+                     message={"code": error["code"], "by": getattr(actor, "username", None)})
         wait_decision_record(wait=wait, kind=WaitDecision.Kind.CANCELLED, channel=WaitDecision.Channel.SYSTEM,
-                             actor=actor, comment="the job was cancelled")
+                             actor=actor, comment="the job was cancelled" if to == Job.Status.CANCELLED
+                             else f"the job ended ({to})")
         closed += 1
     return closed
 

@@ -26,8 +26,9 @@ from approvals.policies import policy_describe
 from approvals.schemas import QuestionType
 from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
 from approvals.services.ledger import decision_record
+from jobs.conflicts import retry_on_conflict
 from jobs.events import event_append
-from jobs.services import job_resume
+from jobs.services import job_lock, job_resume
 from jobs.timestamps import iso_utc
 
 
@@ -77,6 +78,7 @@ def _answered_by_text(question: Question) -> str:
     return f"this question was already answered by {who} at {question.answered_at:%Y-%m-%d %H:%M:%S} UTC"
 
 
+@retry_on_conflict
 def question_answer(
     *,
     question_id: Any,
@@ -99,6 +101,12 @@ def question_answer(
     """
     too_late: QuestionExpired | None = None
     with transaction.atomic():
+        # The job's row first, then the question: the platform's one lock order (a cancel locks
+        # the job, then its questions), so an answer and a cancel at once never deadlock.
+        job_id = Question.objects.filter(pk=question_id).values_list("job_id", flat=True).first()
+        if job_id is None:
+            raise QuestionNotFound(f"question {question_id} does not exist")
+        job_lock(job_id=job_id)
         # Not select_related("answered_by"): when this waits for another answer's lock, PostgreSQL
         # re-reads the locked row but not the joined user, which would still be "nobody".
         question = Question.objects.select_for_update(of=("self",)).select_related("job").filter(pk=question_id).first()

@@ -304,16 +304,17 @@ _OPEN_FIELDS = ("key", "prompt", "schema", "details", "digest", "assignees", "re
                 "on_timeout", "policy_digest", "valid_for")
 
 
-def questions_cancel_for_job(*, job: Job, actor: Any = None, channel: str | None = None) -> int:
-    """Cancel the open questions of `job` (it was cancelled), each with a ledger row. Caller
-    holds the transaction."""
+def questions_cancel_for_job(*, job: Job, actor: Any = None, channel: str | None = None,
+                             comment: str = "the job was cancelled") -> int:
+    """Cancel the open questions of `job` (it was cancelled, or ended otherwise: `comment` says
+    how), each with a ledger row. Caller holds the transaction."""
     count = 0
     channel = channel or (Decision.Channel.SYSTEM if actor is None else Decision.Channel.ADMIN)
     for question in Question.objects.select_for_update().filter(job=job, status=Question.Status.OPEN):
         question.status = Question.Status.CANCELLED
         question.save(update_fields=["status"])
         decision_record(question=question, kind=Decision.Kind.CANCELLED, actor=actor, channel=channel,
-                        comment="the job was cancelled")
+                        comment=comment)
         event_append(
             job_id=job.pk,
             type="question",

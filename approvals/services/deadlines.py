@@ -16,10 +16,11 @@ from approvals.services.answering import question_settle
 from approvals.services.asking import question_assign, questions_cancel_for_job
 from approvals.services.ledger import decision_record
 from approvals.services.notifications import question_announce
+from jobs.conflicts import retry_on_conflict
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
-from jobs.services import job_cancel, job_fail_suspended
+from jobs.services import job_cancel, job_fail_suspended, job_lock
 from jobs.timestamps import iso_utc
 
 logger = logging.getLogger(__name__)
@@ -45,11 +46,20 @@ def questions_expire_due(*, now: datetime | None = None, limit: int = 200) -> in
     return handled
 
 
+@retry_on_conflict
 def question_expire(*, question_id: Any, now: datetime | None = None) -> str | None:
     """Apply the `on_timeout` policy of one question if it is still open and past its deadline;
     return the action taken, or None (answered meanwhile, not due, or locked by another beat)."""
     now = now or timezone.now()
     with transaction.atomic():
+        # The job's row first, then the question (the platform's one lock order).
+        job_id = (
+            Question.objects.filter(pk=question_id, status=Question.Status.OPEN, expires_at__lte=now)
+            .values_list("job_id", flat=True).first()
+        )
+        if job_id is None:
+            return None
+        job_lock(job_id=job_id)
         question = (
             Question.objects.select_for_update(of=("self",), skip_locked=True)
             .select_related("job")

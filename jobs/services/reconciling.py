@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from celery import current_app
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.broker import broker_lost_its_data, dispatch_marked, job_messages
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
@@ -23,29 +25,52 @@ Status = Job.Status
 
 
 def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
-    """Send again the message of `pending` jobs that have not moved for `grace` seconds.
+    """Send again the message of `pending` jobs whose message was lost; never a slow one.
 
-    Covers a dispatch that never reached a worker (the broker was down at commit, Redis
-    restarted empty, a crash between commit and publish). A job whose message was only slow
-    gets a duplicate, which its atomic claim makes harmless. Each job is re-sent at most once
-    per `grace`. Returns how many were sent.
+    A lost message: a dispatch that never reached the broker (a crash between commit and
+    publish, the broker down at the time), or one the broker lost with its data (Redis restarted
+    empty). A job pending for `grace` seconds whose dispatch is not marked in the broker
+    (`jobs.broker`) is re-sent; one whose message still waits behind busy workers is left alone,
+    so a long queue never grows by itself. When the broker has lost its data (its epoch key is
+    gone), every pending job's message is gone: they are re-sent at once, without the grace.
+    Either way no more are sent than the broker is short of (jobs that need a message, less
+    the `jobs.run` messages it holds). Returns how many were sent.
     """
     now = timezone.now()
-    cutoff = now - timedelta(seconds=grace)
-    stale = (
-        Job.objects.filter(status=Status.PENDING, updated_at__lt=cutoff)
-        .filter(Q(run_after__isnull=True) | Q(run_after__lt=cutoff))
-        .order_by("updated_at")
-        .only("pk", "kind", "updated_at")[:limit]
-    )
+    lost_everything = broker_lost_its_data()
+    if lost_everything:
+        logger.warning("the broker lost its data (Redis restarted empty?): re-sending the pending jobs' messages")
+    cutoff = now - timedelta(seconds=1 if lost_everything else grace)
+    short = Job.objects.filter(status__in=[Status.PENDING, Status.PROCESSING]).count() - job_messages()
+    if short <= 0:
+        return 0  # every job that needs a message has one (at least): slow, not lost
+    candidates = Job.objects.filter(status=Status.PENDING, updated_at__lt=cutoff)
+    if not lost_everything:  # a job in its back-off has a delayed message: judged once it is due
+        candidates = candidates.filter(Q(run_after__isnull=True) | Q(run_after__lt=cutoff))
+    candidates = candidates.order_by("updated_at", "pk").only("pk", "kind", "updated_at", "run_after")
     sent = 0
-    for job in stale:
-        # Touch the row first (only if nobody else did), so two reconcilers never both send.
-        if Job.objects.filter(pk=job.pk, status=Status.PENDING, updated_at=job.updated_at).update(updated_at=now):
-            transitions.job_dispatch(job=job)
-            sent += 1
+    budget = min(short, limit)
+    after: tuple | None = None
+    while sent < budget:
+        chunk = candidates if after is None else candidates.filter(
+            Q(updated_at__gt=after[0]) | Q(updated_at=after[0], pk__gt=after[1]))
+        chunk = list(chunk[:500])
+        if not chunk:
+            break
+        after = (chunk[-1].updated_at, chunk[-1].pk)
+        marked = dispatch_marked(job.pk for job in chunk)
+        for job in chunk:
+            if job.pk in marked:
+                continue
+            # Touch the row first (only if nobody else did), so two reconcilers never both send.
+            if Job.objects.filter(pk=job.pk, status=Status.PENDING, updated_at=job.updated_at).update(updated_at=now):
+                delay = (job.run_after - now).total_seconds() if job.run_after and job.run_after > now else None
+                transitions.job_dispatch(job=job, countdown=delay)
+                sent += 1
+                if sent >= budget:
+                    break
     if sent:
-        logger.warning("re-dispatched %d pending job(s) idle for more than %ss", sent, grace)
+        logger.warning("re-dispatched %d pending job(s) whose message was lost", sent)
     return sent
 
 
@@ -94,6 +119,48 @@ def jobs_recover_expired_leases(*, limit: int = 500) -> int:
     if recovered:
         logger.warning("took back %d job(s) whose worker stopped renewing the lease", recovered)
     return recovered
+
+
+def job_run_died(*, job_id: Any, task_id: str, reason: str) -> str:
+    """The process running the message `task_id` of job `job_id` died (killed, out of memory, a
+    segfault, stopped by its own heartbeat): its worker's main process saw it and says so at once,
+    so the job need not wait for its lease to run out.
+
+    A job still `processing` under that message is taken back as the reconciler would after the
+    lease (`worker_lost`, the attempt counted, its finished steps kept; failed when out of
+    attempts). A job that had already moved on (cancelled, retried) just loses the dead run's
+    lease, and a retried job waiting for that run to stop is sent again. Returns what was done.
+    """
+    job = Job.objects.filter(pk=job_id, task_id=task_id).only("pk", "status", "attempts", "max_attempts",
+                                                              "worker", "kind").first()
+    if job is None:
+        return "unknown"
+    if job.status != Status.PROCESSING:
+        released = Job.objects.filter(pk=job.pk, task_id=task_id, lease_expires_at__isnull=False).exclude(
+            status=Status.PROCESSING).update_returning(lease_expires_at=None)
+        if released is not None and released.status == Status.PENDING:
+            transitions.job_dispatch(job=released)
+        return "released" if released is not None else "nothing"
+    error = {
+        "code": "worker_lost",
+        "message": f"the pool process running attempt {job.attempts} ({job.worker or 'unknown'}) died: {reason}"[:2000],
+    }
+    retry = job.attempts < job.max_attempts
+    try:
+        job_transition(
+            job_id=job.pk,
+            to=Status.PENDING if retry else Status.FAILED,
+            from_=[Status.PROCESSING],
+            only_attempt=job.attempts,
+            where=Q(task_id=task_id),
+            fields={"error": error, "run_after": None} if retry else {"error": error},
+            message={"error": error, "attempt": job.attempts, "process_lost": True},
+            dispatch=retry,
+        )
+    except InvalidTransition:
+        return "nothing"  # it ended meanwhile
+    logger.warning("job %s: took back attempt %s at once, its pool process died (%s)", job.pk, job.attempts, reason)
+    return "taken back" if retry else "failed"
 
 
 def jobs_terminate_cancelled_runs(*, grace: float, limit: int = 100) -> int:

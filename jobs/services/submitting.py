@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from jobs.broker import dispatch_premark
 from jobs.errors import IdempotencyConflict, InvalidInput, UnknownKind
 from jobs.events import event_record, events_record_first
 from jobs.models import Job
@@ -94,6 +95,7 @@ def jobs_submit_many(*, kind: str, inputs: list[dict[str, Any]], owner: Any = No
             [Job(kind=kind, input=value, owner_id=owner_id, max_attempts=max_attempts, event_seq=1) for value in inputs]
         )
         events_record_first(jobs=jobs)
+        dispatch_premark([job.pk for job in jobs])  # their messages go out one by one after the commit
         for job in jobs:
             transaction.on_commit(partial(transitions.job_dispatch, job=job), robust=True)
     return jobs

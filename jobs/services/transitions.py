@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from jobs.broker import dispatch_mark
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import job_update_with_event
 from jobs.extensions import transition_hooks_for
@@ -73,25 +74,37 @@ def job_transition(
         values["gathering"] = None  # runnable again: no longer parked in ctx.gather
     if to not in (Status.PROCESSING, Status.CANCELLED):
         values["lease_expires_at"] = None
+    if to not in (Status.PAUSED, Status.WAITING):
+        values["suspended_on"] = ""
     values.update(fields or {})
 
-    with _transition_transaction(to, has_owner, has_parent):
+    hooks = transition_hooks_for(to, has_owner=has_owner)
+    before = [hook for hook in hooks if hook.before]
+    # A child's end wakes its gathering parent in the same transaction (jobs.services.family).
+    family = to in Job.TERMINAL and has_parent is not False
+    with _transition_transaction(alone=not any(not hook.before for hook in hooks) and not family):
         rows = Job.objects.filter(pk=job_id, status__in=sources)
         if only_attempt is not None:
             rows = rows.filter(attempts=only_attempt)
         if where is not None:
             rows = rows.filter(where)
-        written = job_update_with_event(rows=rows, fields=values, type="status", status=to, message=message)
+        if before:
+            # A job that holds no feature rows has nothing to close: the one statement, as usual.
+            written = job_update_with_event(rows=rows.filter(feature_rows=False), fields=values, type="status",
+                                            status=to, message=message)
+            if written is None:
+                written = _move_closing_first(rows, before, job_id=job_id, to=to, fields=values, message=message,
+                                              actor=actor, channel=channel)
+        else:
+            written = job_update_with_event(rows=rows, fields=values, type="status", status=to, message=message)
         if written is None:
-            current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
-            if current is None:
-                raise JobNotFound(f"job {job_id} does not exist")
-            raise InvalidTransition(f"job {job_id} is {current}; it cannot move to {to}")
+            _refuse(job_id, to)
         job = written[0]
         # In this transaction: a committed move always has its hooks' writes (closed questions
         # and waits, queued webhook deliveries) committed with it.
         for hook in transition_hooks_for(to, has_owner=job.owner_id is not None):
-            hook.fn(job=job, to=to, actor=actor, channel=channel)
+            if not hook.before:
+                hook.fn(job=job, to=to, actor=actor, channel=channel)
         if to in Job.TERMINAL and job.parent_id is not None:
             from jobs.services.family import parent_child_ended  # the family module builds on this one
 
@@ -102,22 +115,45 @@ def job_transition(
     return job
 
 
-def _transition_transaction(to: str, has_owner: bool | None, has_parent: bool | None = None) -> AbstractContextManager:
-    """The transaction of one move. On PostgreSQL a move that writes nothing else (no transition
-    hook runs for it, e.g. a job without an owner whose webhooks would be told) is ONE statement, the UPDATE and
-    its event's INSERT as a CTE, and so atomic on its own: outside a caller's transaction it runs
-    in autocommit and saves the BEGIN and COMMIT round trips (every claim, and the outcome of an
+def _move_closing_first(rows, before, *, job_id: Any, to: str, fields: dict[str, Any], message: dict | None,
+                        actor: Any, channel: str | None):
+    """The move of a job that holds feature rows: lock its row and check the move, let the
+    closing hooks close what the job held (their events come before the status event, which
+    stays the last of a finished job), then write the move."""
+    with transaction.atomic():
+        locked = rows.select_for_update().first()
+        if locked is None:
+            _refuse(job_id, to)
+        for hook in before:
+            if locked.owner_id is not None or not hook.owners_only:
+                hook.fn(job=locked, to=to, actor=actor, channel=channel)
+        return job_update_with_event(rows=rows, fields=fields, type="status", status=to, message=message)
+
+
+def _refuse(job_id: Any, to: str) -> NoReturn:
+    current = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+    if current is None:
+        raise JobNotFound(f"job {job_id} does not exist")
+    raise InvalidTransition(f"job {job_id} is {current}; it cannot move to {to}")
+
+
+def _transition_transaction(*, alone: bool) -> AbstractContextManager:
+    """The transaction of one move. On PostgreSQL a move that writes nothing else (`alone`: no
+    transition hook runs after it, e.g. a job without an owner whose webhooks would be told, and
+    it holds nothing for a closing hook to close) is ONE statement, the UPDATE and its event's
+    INSERT as a CTE, and so atomic on its own: outside a caller's transaction it runs in
+    autocommit and saves the BEGIN and COMMIT round trips (every claim, and the outcome of an
     ownerless job). Its after-commit work (the push, a dispatch) then runs right after the
-    statement, as after a COMMIT."""
+    statement, as after a COMMIT. A move that must close feature rows first opens its own."""
     connection = transaction.get_connection()
-    alone = not transition_hooks_for(to, has_owner=has_owner) and (to not in Job.TERMINAL or has_parent is False)
     if connection.vendor == "postgresql" and not connection.in_atomic_block and alone:
         return nullcontext()
     return transaction.atomic()
 
 
 def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
-    """Send the Celery message that runs `job` (call it after the job's row is committed).
+    """Send the Celery message that runs `job` (call it after the job's row is committed), and
+    mark it as on its way in the broker (`jobs.broker`).
 
     The task shows in Flower under the job's kind (Celery's `shadow` name) with the job id as
     its argument.
@@ -139,4 +175,5 @@ def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
     if countdown:
         options["countdown"] = countdown
     job_run.apply_async(args=[str(job.pk)], **options)
+    dispatch_mark(job.pk, countdown=countdown)  # on its way: the reconciler will not send it again
 

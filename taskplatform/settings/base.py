@@ -208,10 +208,15 @@ JOBS_DEFAULT_MAX_ATTEMPTS = env.int("JOBS_DEFAULT_MAX_ATTEMPTS", default=3)
 # Retry back-off: base * 2**(attempt-1) seconds, capped, with full jitter.
 JOBS_RETRY_BACKOFF_BASE = env.float("JOBS_RETRY_BACKOFF_BASE", default=2.0)
 JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=300.0)
-# A pending job that has not moved for this many seconds has its message sent again (the
-# first may have been lost with a broker restart); duplicates are harmless.
-JOBS_DISPATCH_GRACE = env.float("JOBS_DISPATCH_GRACE", default=120.0)
-JOBS_RECONCILE_INTERVAL = env.float("JOBS_RECONCILE_INTERVAL", default=30.0)
+# A pending job that has not moved for this many seconds and whose message is not on its way
+# (no dispatch mark in the broker: see jobs/broker.py) has its message sent again; a slow message
+# (still queued) is never sent twice. A broker that lost its data is seen at the next pass and
+# every pending job's message is sent again at once.
+JOBS_DISPATCH_GRACE = env.float("JOBS_DISPATCH_GRACE", default=30.0)
+# How long the broker vouches for a dispatched message (its mark expires after this many
+# seconds): past it a job still pending may be sent once more.
+JOBS_DISPATCH_MARK_TTL = env.float("JOBS_DISPATCH_MARK_TTL", default=3600.0)
+JOBS_RECONCILE_INTERVAL = env.float("JOBS_RECONCILE_INTERVAL", default=10.0)
 # Hard ceiling on one run of a job; a kind may ask for less.
 JOBS_TIME_LIMIT = env.int("JOBS_TIME_LIMIT", default=3600)
 # A running job holds a lease of this many seconds that its worker renews (every third of it).
@@ -223,6 +228,10 @@ JOBS_LEASE_SECONDS = env.float("JOBS_LEASE_SECONDS", default=60.0)
 # A cancelled job that is still running this many seconds later (its code reached no `ctx`
 # call, so it never saw the cancellation) is terminated through Celery's revoke.
 JOBS_CANCEL_GRACE = env.float("JOBS_CANCEL_GRACE", default=30.0)
+# A run handed back (its worker shutting down, its database gone) does not count as an attempt,
+# this many times per job; past that a hand-back counts as a failed attempt, so a job that keeps
+# being handed back ends. The first hand-back goes again at once, later ones after a back-off.
+JOBS_HAND_BACK_BUDGET = env.int("JOBS_HAND_BACK_BUDGET", default=10)
 
 # --- Celery -----------------------------------------------------------------------------------
 # Read by taskplatform/celery.py with namespace="CELERY".

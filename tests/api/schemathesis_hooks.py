@@ -39,11 +39,11 @@ def _fresh_wake_token() -> str:
     django.setup()  # settings and database of the test run: the environment of this process
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Django's logging settings say INFO
     from waits.policy import WaitPolicy
-    from waits.services import wait_open, wake_token
+    from waits.services import _wait_open, wake_token  # outside any run: not fenced to one
 
     _minted += 1
-    wait = wait_open(job_id=os.environ["ST_PARKED_JOB"], key=f"again-{_minted}", service="an outside service",
-                     policy=WaitPolicy())
+    wait = _wait_open(job_id=os.environ["ST_PARKED_JOB"], key=f"again-{_minted}", service="an outside service",
+                      policy=WaitPolicy(), person=None)
     return wake_token(wait.token_salt)
 
 

@@ -31,7 +31,7 @@ from tests.conftest import make_user, reviewers_group
 from tests.support.processes import BASE_DIR, child_env
 from waits.models import Wait
 from waits.policy import WaitPolicy
-from waits.services import wait_open, wake_token
+from waits.services import _wait_open, wake_token  # outside any run: not fenced to one
 from webhooks.models import WebhookDelivery
 from webhooks.services import webhook_create
 
@@ -131,7 +131,7 @@ def reviewer_test_data(monkeypatch) -> dict[str, str]:
     assert own.questions.get().status == asked.questions.get().status == "open"
     assert WebhookDelivery.objects.filter(webhook=webhook).exists()
     parked, _ = job_submit(kind="demo.noop", owner=reviewer)
-    wait = wait_open(job_id=parked.pk, key="generate", service="an outside service", policy=WaitPolicy())
+    wait = _wait_open(job_id=parked.pk, key="generate", service="an outside service", policy=WaitPolicy(), person=None)
     # Another user's job parked on a combined wait (a person may end it: rita, as a reviewer).
     combined, _ = job_submit(kind="test.combined", input={"marks": [600, 1200]}, owner=make_user("wes"))
     job_execute(job_id=combined.pk)

@@ -186,7 +186,7 @@ def test_a_child_ending_while_its_parent_parks_wakes_it_exactly_once(round_):
     # Put the parent back to running, as a resumed run that reaches gather again.
     from jobs.services import job_transition, job_wake
 
-    job_wake(job_id=parent.pk)
+    job_wake(job_id=parent.pk, on="")  # ctx.gather parks on nothing named: its children wake it
     job_transition(job_id=parent.pk, to=S.PROCESSING, from_=[S.PENDING])
     running_child = job_claim(job_id=child.pk)
     from jobs.services import job_suspend

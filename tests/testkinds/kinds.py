@@ -283,3 +283,76 @@ def deterministic(ctx, input):
     answer = ctx.ask("approve", f"Approve the draw {draw}?")
     total = ctx.step("total", lambda: draw * 2)
     return {"draw": draw, "total": total, "approved": answer["approved"]}
+
+
+def _awkward(name: str):
+    """A value that is not JSON, or that PostgreSQL refuses to store as JSON."""
+    import datetime
+    import decimal
+
+    return {
+        "datetime": lambda: {"at": datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)},
+        "decimal": lambda: {"amount": decimal.Decimal("1.10")},
+        "set": lambda: {"tags": {"a", "b"}},
+        "nan": lambda: {"score": float("nan")},
+        "infinity": lambda: [float("inf")],
+        "nul": lambda: {"text": "a\x00b"},
+        "nul_key": lambda: {"a\x00b": 1},
+        "surrogate": lambda: "\ud800",
+        "fine": lambda: {"ok": [1, 2.5, "x", None, True]},
+    }[name]()
+
+
+AWKWARD_INPUT = {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}
+
+
+@job_kind("test.returns", input_schema=AWKWARD_INPUT)
+def returns(ctx, input):
+    """Returns the awkward value named by `value` as the job's result."""
+    return _awkward(input["value"])
+
+
+@job_kind("test.step_returns", input_schema=AWKWARD_INPUT)
+def step_returns(ctx, input):
+    """A step returns the awkward value named by `value`."""
+    def body():
+        step_run_count(job_id=ctx.job_id, step="awkward")
+        return _awkward(input["value"])
+
+    ctx.step("awkward", body)
+    return {"done": True}
+
+
+@job_kind("test.step_type_error", input_schema={"type": "object"})
+def step_type_error(ctx, input):
+    """A step whose own code raises TypeError on its first run (a bug, or a flaky library)."""
+    def body():
+        step_run_count(job_id=ctx.job_id, step="typed")
+        if step_runs(job_id=ctx.job_id)["typed"] == 1:
+            raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+        return "fine the second time"
+
+    return {"value": ctx.step("typed", body)}
+
+
+@job_kind("test.database_error", input_schema={"type": "object", "properties": {"real": {"type": "boolean"}}})
+def database_error(ctx, input):
+    """Finishes step `a`, then meets a database error that names the connection: with `real`, its
+    own connection really dies (the server terminates it); else an error that only says so, while
+    the connection and the database are fine (a statement's own failure)."""
+    from django.db import OperationalError, connection
+
+    ctx.step("a", lambda: step_run_count(job_id=ctx.job_id, step="a") or "done")
+    step_run_count(job_id=ctx.job_id, step="body")
+    if input.get("real"):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    raise OperationalError("could not receive data from server: the connection was reset")
+
+
+@job_kind("test.model", input_schema={"type": "object"}, max_attempts=3)
+def model(ctx, input):
+    """The stateful model's kind (tests/model): the model drives most runs move by move; a
+    message delivered to a worker (`job_execute`) runs this: one step, then done."""
+    ctx.step("s1", lambda: "handler")
+    return {"done": True}

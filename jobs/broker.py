@@ -1,0 +1,152 @@
+"""What the platform knows of its messages in the broker (Redis), so that the reconciler re-sends
+a lost message and never a slow one.
+
+- **Dispatch marks.** Each job's dispatch leaves a mark in the broker's own Redis (expiring after
+  JOBS_DISPATCH_MARK_TTL): a job with a mark has a message on its way; one without had its
+  message lost (never published: a crash between the commit and the publish; or gone with the
+  broker's data). The marks live and die with the messages they vouch for.
+- **Message count.** The `jobs.run` messages waiting in the job queues plus those delivered to a
+  worker and not acknowledged: the reconciler never lets it grow past the jobs that need one.
+- **The broker's epoch.** A key that only the reconciler writes: when it is gone, Redis lost its
+  data (restarted empty, flushed), so every pending job's message is gone too and is re-sent at
+  once rather than after the dispatch grace. Redis's `run_id` is kept in it for the logs.
+
+Every function here is best effort: with Redis away it logs and answers as if nothing were known.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from django.conf import settings
+from kombu.transport.redis import Channel as RedisChannel
+
+logger = logging.getLogger(__name__)
+
+_clients: dict[int, redis.Redis] = {}
+
+
+def _client() -> redis.Redis:
+    """This process's client of the broker's Redis (a new one after a fork)."""
+    client = _clients.get(os.getpid())
+    if client is None:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        _clients.clear()
+        _clients[os.getpid()] = client
+    return client
+
+
+def _options() -> dict[str, Any]:
+    return settings.CELERY_BROKER_TRANSPORT_OPTIONS
+
+
+def _prefix() -> str:
+    return _options().get("global_keyprefix", "")
+
+
+def mark_key(job_id: Any) -> str:
+    return f"{_prefix()}jobs:sent:{job_id}"
+
+
+def dispatch_mark(job_id: Any, *, countdown: float | None = None) -> None:
+    """Record that `job_id`'s message was just published (it is on its way, maybe delayed by
+    `countdown` seconds)."""
+    ttl = int(settings.JOBS_DISPATCH_MARK_TTL + (countdown or 0))
+    try:
+        _client().set(mark_key(job_id), "1", ex=max(ttl, 1))
+    except redis.RedisError as exc:
+        logger.warning("could not mark the dispatch of job %s: %s", job_id, exc)
+
+
+# A batch is published one message at a time after its commit: this long per job, at most.
+BATCH_PUBLISH_SECONDS_PER_JOB = 0.02
+
+
+def dispatch_premark(job_ids: list[Any]) -> None:
+    """Mark a batch's jobs as on their way before its transaction commits: its messages are
+    published one by one after the commit, which for a large batch takes longer than the
+    dispatch grace, and the reconciler must not take the jobs still waiting their turn for lost
+    ones. The marks last the grace plus a generous publishing time per job; each job's own
+    dispatch then marks it for good. A batch whose process dies before publishing everything
+    is re-sent once these expire."""
+    if not job_ids:
+        return
+    ttl_ms = int(1000 * (settings.JOBS_DISPATCH_GRACE + BATCH_PUBLISH_SECONDS_PER_JOB * len(job_ids)))
+    try:
+        with _client().pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.set(mark_key(job_id), "1", px=ttl_ms)
+            pipe.execute()
+    except redis.RedisError as exc:
+        logger.warning("could not mark a batch of %d jobs as on their way: %s", len(job_ids), exc)
+
+
+def dispatch_forget(job_id: Any) -> None:
+    """`job_id`'s message was consumed without the job being claimed or sent again (the worker
+    gave up on it): nothing is on its way any more."""
+    try:
+        _client().delete(mark_key(job_id))
+    except redis.RedisError as exc:
+        logger.warning("could not clear the dispatch mark of job %s: %s", job_id, exc)
+
+
+def dispatch_marked(job_ids: Iterable[Any]) -> set[Any]:
+    """Which of `job_ids` have a message on its way (a dispatch mark)."""
+    ids = list(job_ids)
+    if not ids:
+        return set()
+    with _client().pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.exists(mark_key(job_id))
+        found = pipe.execute()
+    return {job_id for job_id, exists in zip(ids, found, strict=True) if exists}
+
+
+def job_queues() -> list[str]:
+    """The queues jobs' messages go to: the default one and every queue a kind asks for."""
+    from jobs.registry import kinds_all
+
+    return sorted({settings.CELERY_TASK_DEFAULT_QUEUE} | {kind.queue for kind in kinds_all() if kind.queue})
+
+
+def job_messages() -> int:
+    """`jobs.run` messages in the broker: waiting in the job queues (every priority step), plus
+    delivered to a worker and not yet acknowledged (running, reserved, or held for a countdown)."""
+    options = _options()
+    prefix = _prefix()
+    steps = options.get("priority_steps", RedisChannel.priority_steps)
+    sep = options.get("sep", RedisChannel.sep)
+    with _client().pipeline(transaction=False) as pipe:
+        for name in job_queues():
+            for step in steps:
+                pipe.llen(f"{prefix}{name}{sep}{step}" if step else f"{prefix}{name}")
+        pipe.hvals(f"{prefix}{options.get('unacked_key', RedisChannel.unacked_key)}")
+        *lengths, unacked = pipe.execute()
+    delivered = 0
+    for raw in unacked:  # a few per worker process
+        try:
+            delivered += json.loads(raw)[0]["headers"]["task"] == "jobs.run"
+        except (ValueError, KeyError, IndexError, TypeError):
+            continue
+    return sum(lengths) + delivered
+
+
+def broker_lost_its_data() -> bool:
+    """Did the broker lose its data since the last look (Redis restarted empty, or was flushed)?
+    True also at the very first look, when nothing is known (which costs at most one duplicate
+    message per pending job, once)."""
+    client = _client()
+    run_id = client.info("server").get("run_id", "")
+    key = f"{_prefix()}jobs:broker-epoch"
+    if client.set(key, run_id, nx=True):
+        return True
+    known = client.get(key)
+    if known is not None and known.decode() != run_id:
+        logger.info("the broker restarted with its data (run id %s, was %s)", run_id, known.decode())
+        client.set(key, run_id)
+    return False

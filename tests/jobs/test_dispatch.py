@@ -1,0 +1,112 @@
+"""Messages and the reconciler (issue 13, items 11 and 12): a slow message is never sent again, a
+lost one is, a backlog does not multiply itself, a duplicate message does not run a retry before
+its back-off ends, and a broker that lost its data gets every pending job's message at once."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from jobs.models import Job
+from jobs.runner import job_execute
+from jobs.services import job_submit, jobs_redispatch_stale, jobs_submit_many
+from tests.support.processes import celery_worker, wait_until
+
+S = Job.Status
+
+
+def broker() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def job_messages() -> int:
+    """`jobs.run` messages in the broker: waiting in the `jobs` queue, or delivered to a worker and
+    not yet acknowledged."""
+    prefix = settings.REDIS_KEY_PREFIX
+    client = broker()
+    try:
+        waiting = client.llen(f"{prefix}jobs")
+        unacked = [json.loads(raw)[0] for raw in client.hvals(f"{prefix}unacked")]
+    finally:
+        client.close()
+    return waiting + sum(1 for message in unacked if message["headers"]["task"] == "jobs.run")
+
+
+def forget_every_message() -> None:
+    """Empty the test run's broker keys (as a Redis that restarted empty)."""
+    client = broker()
+    try:
+        keys = list(client.scan_iter(f"{settings.REDIS_KEY_PREFIX}*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@pytest.mark.django_db
+def test_a_duplicate_message_does_not_run_a_retry_before_its_back_off_ends(django_capture_on_commit_callbacks):
+    job, _ = job_submit(kind="test.flaky", input={"fail_times": 5})
+    assert job_execute(job_id=job.pk) == "pending"
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now() + timedelta(seconds=60))
+    with mock.patch("jobs.services.transitions.job_dispatch") as dispatch:
+        assert job_execute(job_id=job.pk) == "deferred"  # a duplicate message, early
+    job.refresh_from_db()
+    assert job.status == S.PENDING and job.attempts == 1
+    # It comes back when the back-off ends (in case it was the only message).
+    assert 55 < dispatch.call_args.kwargs["countdown"] <= 61
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_backlog_behind_busy_workers_is_not_multiplied_and_only_lost_messages_are_sent_again(
+    only_own_workers, settings
+):
+    grace = settings.JOBS_DISPATCH_GRACE = 1.0
+    forget_every_message()
+    worker = celery_worker(name="busy", concurrency=1).start()
+    try:
+        busy, _ = job_submit(kind="demo.sleep", input={"seconds": 600, "steps": 600})
+        wait_until(lambda: Job.objects.get(pk=busy.pk).status == S.PROCESSING, timeout=30,
+                   message="the worker did not take the long job")
+        # 2,000 jobs queue behind it; 10 more lose their message (the process died between the
+        # commit and the publish: the batch's early marks run out after the grace).
+        jobs_submit_many(kind="demo.noop", inputs=[{}] * 2000)
+        with mock.patch("jobs.services.transitions.job_dispatch"):
+            lost = jobs_submit_many(kind="demo.noop", inputs=[{}] * 10)
+        pending = Job.objects.filter(status=S.PENDING).count()
+        assert pending == 2010 and job_messages() <= 2001, job_messages()
+
+        sent = []
+        for _ in range(4):  # several graces pass: every job is "stale"
+            time.sleep(grace + 0.2)
+            sent.append(jobs_redispatch_stale(grace=grace))
+            in_broker = job_messages()
+            queued = Job.objects.filter(status__in=[S.PENDING, S.PROCESSING]).count()
+            assert in_broker <= queued + 2, (in_broker, queued, sent)
+        assert sum(sent) == 10, sent  # the lost ones, once each
+        assert job_messages() == 2011
+        resent = Job.objects.filter(pk__in=[job.pk for job in lost], updated_at__gt=lost[0].created_at)
+        assert resent.count() == 10
+    finally:
+        worker.kill()
+        forget_every_message()
+
+
+@pytest.mark.django_db
+def test_a_broker_that_lost_its_data_gets_every_pending_message_at_once(django_capture_on_commit_callbacks):
+    jobs_redispatch_stale(grace=120)  # the broker is known
+    with django_capture_on_commit_callbacks(execute=True):
+        jobs = jobs_submit_many(kind="demo.noop", inputs=[{}] * 3)
+    Job.objects.filter(pk__in=[job.pk for job in jobs]).update(updated_at=timezone.now() - timedelta(seconds=5))
+    assert jobs_redispatch_stale(grace=120) == 0  # their messages are only slow
+    forget_every_message()  # Redis restarted empty: the messages are gone
+    with mock.patch("jobs.services.transitions.job_dispatch") as dispatch:
+        assert jobs_redispatch_stale(grace=120) == 3  # at once, not after the grace
+    assert {call.kwargs["job"].pk for call in dispatch.call_args_list} == {job.pk for job in jobs}

@@ -40,7 +40,8 @@ $(AXE): tests/browser/package.json tests/browser/package-lock.json
 	else echo "npm not found: the accessibility scans (tests/browser) will be skipped"; fi
 
 run: $(BIN)/.installed-run
-	DJANGO_SETTINGS_MODULE=taskplatform.settings.development $(BIN)/python -m devtools.supervisor
+	# exec: the supervisor takes the shell's place, so the SIGTERM or Ctrl-C that make passes on reaches it.
+	DJANGO_SETTINGS_MODULE=taskplatform.settings.development exec $(BIN)/python -m devtools.supervisor
 
 test: $(BIN)/.installed-dev $(AXE)
 	DJANGO_SETTINGS_MODULE=taskplatform.settings.test $(BIN)/python -m pytest $(PYTEST_ARGS)

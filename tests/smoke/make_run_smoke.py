@@ -202,7 +202,10 @@ def run_smoke(args: argparse.Namespace) -> None:
         def reviewer_client(username: str) -> httpx.Client:
             say(f"API token for a reviewer (manage.py create_api_token {username} --create --reviewer)")
             command = [str(PYTHON), "manage.py", "create_api_token", username, "--create", "--reviewer"]
-            made = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+            # As the platform `make run` started runs: its development settings (a bare manage.py
+            # loads production's, which refuse to start without DJANGO_SECRET_KEY).
+            made = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                                  env={**env, "DJANGO_SETTINGS_MODULE": "taskplatform.settings.development"})
             if made.returncode != 0:
                 raise StepFailed(f"create_api_token failed: {made.stdout}{made.stderr}")
             return httpx.Client(base_url=base, timeout=10,
@@ -302,7 +305,11 @@ def run_smoke(args: argparse.Namespace) -> None:
             code = make_run.proc.wait(timeout=40)
         except subprocess.TimeoutExpired as exc:
             raise StepFailed("make run did not exit within 40 s of SIGTERM") from exc
-        wait_for("no process left", lambda: not make_run.alive(), timeout=10)
+        try:
+            wait_for("no process left", lambda: not make_run.alive(), timeout=30)
+        except StepFailed as exc:
+            left = [f"{proc.pid} {' '.join(proc.cmdline())[:120]}" for proc in make_run.alive()]
+            raise StepFailed(f"{exc}; still running: {left}") from None
         say(f"make exited ({code}); no process left")
         if "supervisor| stopped" not in make_run.lines:
             raise StepFailed("the supervisor did not say it stopped")

@@ -114,9 +114,10 @@ def job_queues() -> list[str]:
     return sorted({settings.CELERY_TASK_DEFAULT_QUEUE} | {kind.queue for kind in kinds_all() if kind.queue})
 
 
-def job_messages() -> int:
+def job_messages(*, delivered: bool = True) -> int:
     """`jobs.run` messages in the broker: waiting in the job queues (every priority step), plus
-    delivered to a worker and not yet acknowledged (running, reserved, or held for a countdown)."""
+    (with `delivered`) those delivered to a worker and not yet acknowledged (running, reserved,
+    or held for a countdown)."""
     options = _options()
     prefix = _prefix()
     steps = options.get("priority_steps", RedisChannel.priority_steps)
@@ -125,15 +126,19 @@ def job_messages() -> int:
         for name in job_queues():
             for step in steps:
                 pipe.llen(f"{prefix}{name}{sep}{step}" if step else f"{prefix}{name}")
-        pipe.hvals(f"{prefix}{options.get('unacked_key', RedisChannel.unacked_key)}")
-        *lengths, unacked = pipe.execute()
-    delivered = 0
+        if delivered:
+            pipe.hvals(f"{prefix}{options.get('unacked_key', RedisChannel.unacked_key)}")
+        results = pipe.execute()
+    if not delivered:
+        return sum(results)
+    *lengths, unacked = results
+    taken = 0
     for raw in unacked:  # a few per worker process
         try:
-            delivered += json.loads(raw)[0]["headers"]["task"] == "jobs.run"
+            taken += json.loads(raw)[0]["headers"]["task"] == "jobs.run"
         except (ValueError, KeyError, IndexError, TypeError):
             continue
-    return sum(lengths) + delivered
+    return sum(lengths) + taken
 
 
 def broker_lost_its_data() -> bool:

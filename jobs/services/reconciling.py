@@ -33,17 +33,24 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
     (`jobs.broker`) is re-sent; one whose message still waits behind busy workers is left alone,
     so a long queue never grows by itself. When the broker has lost its data (its epoch key is
     gone), every pending job's message is gone: they are re-sent at once, without the grace.
-    Either way no more are sent than the broker is short of (jobs that need a message, less
-    the `jobs.run` messages it holds). Returns how many were sent.
+    Either way no more are sent than the queue is short of (pending jobs that may run now, less
+    the `jobs.run` messages waiting in the queues): with at least as many waiting, a re-sent
+    message would only queue behind them, so it waits until they drain. Returns how many were
+    sent.
     """
     now = timezone.now()
     lost_everything = broker_lost_its_data()
     if lost_everything:
         logger.warning("the broker lost its data (Redis restarted empty?): re-sending the pending jobs' messages")
     cutoff = now - timedelta(seconds=1 if lost_everything else grace)
-    short = Job.objects.filter(status__in=[Status.PENDING, Status.PROCESSING]).count() - job_messages()
+    ready = Job.objects.filter(
+        Q(run_after__isnull=True) | Q(run_after__lte=now),
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+        status=Status.PENDING,
+    )
+    short = ready.count() - job_messages(delivered=False)
     if short <= 0:
-        return 0  # every job that needs a message has one (at least): slow, not lost
+        return 0  # as many messages wait as jobs could run: slow, not lost (or behind them anyway)
     candidates = Job.objects.filter(status=Status.PENDING, updated_at__lt=cutoff)
     if not lost_everything:  # a job in its back-off has a delayed message: judged once it is due
         candidates = candidates.filter(Q(run_after__isnull=True) | Q(run_after__lt=cutoff))

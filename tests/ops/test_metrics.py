@@ -172,7 +172,7 @@ def test_a_parked_job_and_its_wake_latency(client, token):
     job = job_claim(job_id=job.pk)
     wait = Wait.objects.create(job=job, key="generate", service="simulated generation", state=Wait.State.WAITING,
                                token_salt="salt", token_hash=uuid.uuid4().hex * 2)
-    job_suspend(job=job, to="waiting", apply=lambda job: False, message={"wait": "generate"})
+    job_suspend(job=job, to="waiting", apply=lambda job: False, message={"wait": "generate"}, on="wait:generate")
     samples = scrape(client)
     assert value(samples, "taskplatform_waits_active", service="simulated generation", state="waiting") == 1
     assert value(samples, "taskplatform_jobs", kind="demo.noop", status="waiting") == 1

@@ -135,3 +135,16 @@ def single_blank_branch(result: dict[str, Any], generator: Any, request: Any, pu
             node.update(branches[0])
         stack.extend(node.values())
     return result
+
+
+def add_request_too_large(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """Every operation that takes a body may answer 413 (`request_too_large`: the body is over
+    REQUEST_BODY_MAX_BYTES), before the view ever sees it: the document says so."""
+    for item in result.get("paths", {}).values():
+        for operation in item.values():
+            if isinstance(operation, dict) and "requestBody" in operation:
+                operation.setdefault("responses", {}).setdefault("413", {
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                    "description": "The body is over REQUEST_BODY_MAX_BYTES (`request_too_large`).",
+                })
+    return result

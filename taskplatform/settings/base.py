@@ -396,6 +396,7 @@ SPECTACULAR_SETTINGS = {
         "taskplatform.api.schema.add_healthz",
         "taskplatform.api.schema.add_job_kinds",
         "taskplatform.api.schema.single_blank_branch",
+        "taskplatform.api.schema.add_request_too_large",
     ],
     # A request's string that may not be blank says `minLength: 1`.
     "ENFORCE_NON_BLANK_FIELDS": True,

@@ -53,11 +53,11 @@ def test_the_schema_is_public_and_has_every_operation_of_the_contract(schema):
 
 def test_every_operation_documents_its_errors(schema):
     expected = {
-        ("post", "/api/jobs/"): {"201", "200", "400", "401", "409", "429"},
+        ("post", "/api/jobs/"): {"201", "200", "400", "401", "409", "413", "429"},
         ("post", "/api/jobs/{id}/cancel/"): {"200", "401", "403", "404", "409", "429"},
         ("post", "/api/jobs/{id}/retry/"): {"200", "401", "403", "404", "409", "429"},
         ("get", "/api/jobs/{id}/events/"): {"200", "400", "401", "404", "429"},
-        ("post", "/api/questions/{id}/answer/"): {"200", "400", "401", "403", "404", "409", "429"},
+        ("post", "/api/questions/{id}/answer/"): {"200", "400", "401", "403", "404", "409", "413", "429"},
     }
     for (method, path), statuses in expected.items():
         responses = schema["paths"][path][method]["responses"]

@@ -83,6 +83,7 @@ def owner(settings):
 def test_a_receiver_streaming_without_end_is_cut_off(owner, settings, monkeypatch, chunk, pause):
     # Only this test's thread delivers: no message for a worker that an earlier test left running.
     monkeypatch.setattr("webhooks.services._send_tasks", lambda ids: None)
+    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)  # this process runs it
     settings.WEBHOOK_TIMEOUT = 1.0
     settings.WEBHOOK_RESPONSE_MAX_BYTES = 100_000
     receiver = StreamingReceiver(chunk=chunk, pause=pause)

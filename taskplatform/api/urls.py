@@ -4,6 +4,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
+from accounts.apis import WsTicketApi
 from approvals.apis import QuestionViewSet
 from jobs.apis import JobKindListApi, JobViewSet
 from waits.apis import WakeApi
@@ -17,6 +18,7 @@ router.register("webhooks", WebhookViewSet, basename="webhook")
 urlpatterns = [
     path("job-kinds/", JobKindListApi.as_view(), name="job-kind-list"),
     path("wake/<str:token>/", WakeApi.as_view(), name="wait-wake"),
+    path("ws-tickets/", WsTicketApi.as_view(), name="ws-ticket"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     *router.urls,

@@ -261,6 +261,20 @@ CHANNEL_LAYERS = {
     }
 }
 
+# --- Live streams (websockets on /ws/jobs/…, SSE) ----------------------------------------------
+# Live streams one user may hold at once, across every web process (0: no cap). Over it a
+# websocket is closed with 4429 and an SSE request answers 429.
+LIVE_STREAMS_PER_USER = env.int("LIVE_STREAMS_PER_USER", default=100)
+# Seconds between two re-checks of every open stream: its user still active, its credential
+# (token, session) still valid, its job still visible; a failing stream is closed. A revoked
+# API token closes its streams at once.
+LIVE_RECHECK_INTERVAL = env.float("LIVE_RECHECK_INTERVAL", default=15.0)
+# Bytes that may wait for one websocket client that does not read, beyond what the kernel
+# buffers; past it the client is dropped (close 4408) and reconnects with ?after=.
+LIVE_SLOW_CLIENT_BYTES = env.int("LIVE_SLOW_CLIENT_BYTES", default=256 * 1024)
+# Seconds a websocket ticket (POST /api/ws-tickets/) stays good; at most 60.
+WS_TICKET_TTL = env.int("WS_TICKET_TTL", default=30)
+
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -395,7 +409,11 @@ LOG_FORMAT = env.str("LOG_FORMAT", default="readable")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"job": {"()": "taskplatform.logging.JobContextFilter"}},
+    "filters": {
+        "job": {"()": "taskplatform.logging.JobContextFilter"},
+        # Wake tokens, websocket tickets and `token=` values in logged URLs become [redacted].
+        "redact": {"()": "taskplatform.logging.SecretsRedactFilter"},
+    },
     "formatters": {
         "readable": {
             "()": "taskplatform.logging.ReadableFormatter",
@@ -409,7 +427,7 @@ LOGGING = {
         },
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["job"]},
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["job", "redact"]},
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "INFO"}},

@@ -338,7 +338,10 @@ class JobFollower:
     """
 
     def __init__(self, web_url: str, token: str, job_id: str) -> None:
-        self.url = web_url.replace("http://", "ws://") + f"/ws/jobs/{job_id}/?after=0&token={token}"
+        # A ticket for the one connection (an API key never goes in a URL).
+        answer = httpx.post(f"{web_url}/api/ws-tickets/", headers={"Authorization": f"Token {token}"}, timeout=10)
+        answer.raise_for_status()
+        self.url = web_url.replace("http://", "ws://") + f"/ws/jobs/{job_id}/?after=0&ticket={answer.json()['ticket']}"
         self.events: list[tuple[float, dict[str, Any]]] = []
         self.error: BaseException | None = None
         self._stop = threading.Event()

@@ -28,7 +28,8 @@ def asgi_server(*, port: int | None = None, workers: int = 1) -> ManagedProcess:
     port = port or free_port()
     argv = [
         str(VENV_BIN / "uvicorn"), "taskplatform.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-        "--lifespan", "off", "--workers", str(workers), "--log-level", "warning",
+        "--lifespan", "off", "--ws-per-message-deflate", "false", "--workers", str(workers),
+        "--log-level", "warning",
     ]
     process = ManagedProcess("uvicorn", argv, child_env())
     process.url = f"http://127.0.0.1:{port}"
@@ -72,3 +73,19 @@ def session_cookie(user) -> str:
 
 def token_for(user) -> str:
     return api_token_create(user=user, name="test")[1]
+
+
+def ticket_for(user) -> str:
+    """A websocket ticket for `user`, standing for a new API token of theirs (as
+    `POST /api/ws-tickets/` would give its caller)."""
+    from accounts.tickets import ws_ticket_issue
+
+    token = api_token_create(user=user, name="test")[0]
+    return ws_ticket_issue(user=user, credential=("token", str(token.pk)))[0]
+
+
+def ticket_from(server: str, key: str) -> str:
+    """A websocket ticket from a running server's `POST /api/ws-tickets/`, with API key `key`."""
+    response = httpx.post(f"{server}/api/ws-tickets/", headers={"Authorization": f"Token {key}"}, timeout=10)
+    assert response.status_code == 201, response.text
+    return response.json()["ticket"]

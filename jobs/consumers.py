@@ -259,21 +259,20 @@ class JobEventsConsumer(LiveConsumer):
             self.finished = event["status"] in Job.TERMINAL
 
     async def _catch_up(self) -> None:
-        """Send every stored event after the last one sent, in pages, until no push came in
-        meanwhile; then live pushes are written directly again."""
+        """Send every stored event after the last one sent, in pages, at the client's pace, until
+        no push came in meanwhile; then live pushes are written directly again."""
         try:
             while self.job_pk is not None and self.wire.open:
                 self.behind = False
                 events = await _events_after(self.job_pk, self.last_seq, self.page_size)
-                await self.wire.drained()  # the previous page went out
                 for event in events:
                     if event["seq"] <= self.last_seq:
                         continue
-                    if not self.wire.write(json.dumps({"type": "event", "event": event})):
+                    if not await self.wire.send(json.dumps({"type": "event", "event": event})):
                         return
                     self._sent(event)
                 if len(events) < self.page_size:
-                    await self.wire.drained()  # so the next live write finds room
+                    await self.wire.drained()  # so that the next live write finds room
                     if not self.behind:
                         return
         except asyncio.CancelledError:

@@ -22,7 +22,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from functools import partial
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -34,7 +33,7 @@ from jobs.errors import JobNotFound
 from jobs.fanout import LocalFanout, Push
 from jobs.models import Job
 from jobs.selectors import job_events_after, job_get_visible
-from jobs.streams import LiveStreams
+from jobs.streams import LiveStreams, off_request_thread
 
 logger = logging.getLogger(__name__)
 
@@ -118,11 +117,10 @@ class EventStreamResponse(StreamingHttpResponse):
         super().close()
 
 
-# Off the request's own thread (thread_sensitive=False): under ASGI each request keeps a thread
-# of its own for thread-sensitive calls, for as long as it streams. database_sync_to_async
-# closes the connection after each read (CONN_MAX_AGE permitting), so a long stream does not
-# hold a connection between reads.
-@partial(database_sync_to_async, thread_sensitive=False)
+# Off the request's own thread: under ASGI each request keeps a thread of its own for
+# thread-sensitive calls, for as long as it streams; and the connection goes back after each
+# read, so a long stream does not hold one between reads.
+@off_request_thread
 def _read(job_pk: Any, after: int) -> tuple[str, int, list[dict[str, Any]]]:
     # The job's state first: events read after it include everything up to its event_seq.
     status, last_seq = Job.objects.filter(pk=job_pk).values_list("status", "event_seq").get()

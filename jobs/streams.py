@@ -16,8 +16,9 @@ web process, runs the periodic work for all of them, so no stream polls on its o
   next re-check: `credential_revoked_publish` pushes the revocation to every web process, which
   closes that token's streams at once.
 - **Lost pushes.** Every `resync_interval` seconds it reads the newest seq of every job its
-  streams follow, in one query, and has the streams that are behind catch up from the database
-  (a push lost at the end of a burst, which no later event reveals).
+  streams follow, in one query, and has the streams still behind what was committed at the
+  previous look catch up from the database (a push lost at the end of a burst, which no later
+  event reveals): within two intervals.
 
 How a credential is checked is the business of the app that issued it: `accounts` registers its
 kinds (`token`, `session`) with `credential_kind_register` in its `AppConfig.ready()`.
@@ -243,6 +244,7 @@ class LiveStreams:
     # -- lost pushes ---------------------------------------------------------------------------
     async def _resync_forever(self) -> None:
         tick = 0
+        previous: dict[Any, int] = {}  # job pk -> its newest seq at the last look
         while True:
             await asyncio.sleep(self.resync_interval)
             tick += 1
@@ -250,15 +252,21 @@ class LiveStreams:
             due = [s for s in list(self.streams.values())
                    if s.job_pk is not None and (not s.finished or tick % 6 == 0)]
             if not due:
+                previous = {}
                 continue
             try:
                 newest = await _newest_seqs(list({s.job_pk for s in due}))
             except Exception:  # a database hiccup: try again at the next tick
                 logger.warning("lost-push check failed", exc_info=True)
                 continue
+            # Behind what was committed a whole interval ago: that push is lost, not on its way.
+            # (Comparing with what was committed just now would send every stream of a busy job,
+            # whose newest push is still in flight, to the database at each tick.)
             for stream in due:
-                if newest.get(stream.job_pk, 0) > stream.last_seq:
+                if previous.get(stream.job_pk, 0) > stream.last_seq:
                     stream.resync()
+            followed = {s.job_pk for s in self.streams.values()}
+            previous = {**{pk: seq for pk, seq in previous.items() if pk in followed}, **newest}
 
 
 def off_request_thread(function: Callable) -> Callable:

@@ -17,8 +17,10 @@ without an await. Any other server (daphne, uvicorn's other protocols, channels'
 communicator) gets `AwaitedWire`: frames queue in order and one task per socket awaits `send`.
 
 A socket that cannot keep up is never waited for: when more than `LIVE_SLOW_CLIENT_BYTES` wait
-in user space for it (its kernel buffers are full already), it is closed with `SLOW` (4408),
-which tells the client to reconnect with `?after=` its last seq; the event log has the rest.
+in user space for it (its kernel buffers are full already: the socket's send buffer is bounded to
+`LIVE_SOCKET_SEND_BUFFER`), it is closed with `SLOW` (4408), which tells the client to reconnect
+with `?after=` its last seq; the event log has the rest. It is cut off if it has not read its
+close frame `SLOW_CLOSE_TIMEOUT` seconds later.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import socket
 import struct
 from typing import Any, Protocol
 
@@ -36,6 +39,8 @@ logger = logging.getLogger(__name__)
 SCOPE_KEY = "taskplatform.server_send"
 SLOW = 4408  # fell behind: reconnect with ?after=<the last seq you got>
 SLOW_REASON = "too slow to read: reconnect with ?after=<the last seq you got>"
+# Seconds a socket dropped as slow has to read what it was sent and its close frame.
+SLOW_CLOSE_TIMEOUT = 30.0
 # AwaitedWire: frames that may wait for one socket before it counts as slow.
 AWAITED_BACKLOG = 1000
 
@@ -60,11 +65,16 @@ class Wire(Protocol):
         """False once closed (by either side) or dropped as slow."""
 
     def write(self, text: str, frame: bytes | None = None) -> bool:
-        """Send `text` (`frame`: the same, already framed by `text_frame`) without waiting; False
-        when the socket is closed, or was just dropped as slow."""
+        """Send `text` (`frame`: the same, already framed by `text_frame`) without waiting: the
+        live path. False when the socket is closed, or was just dropped as slow."""
+
+    async def send(self, text: str) -> bool:
+        """Send `text` once the socket's buffer has room: the backlog's path, which a client
+        reads at its own pace. A client that makes no room within SLOW_CLOSE_TIMEOUT is dropped
+        as slow. False when the socket is closed or dropped."""
 
     async def drained(self) -> None:
-        """Wait until the socket's buffer has room (between pages of a backlog)."""
+        """Wait until the socket's buffer has room."""
 
     def close(self, code: int, reason: str = "") -> None:
         """Start the closing handshake with `code`, without waiting for anything."""
@@ -99,6 +109,19 @@ def wire_for(scope: dict, send: Any) -> Wire:
     return AwaitedWire(send)
 
 
+def socket_send_buffer_bound(transport: Any) -> None:
+    """Give the socket a send buffer of LIVE_SOCKET_SEND_BUFFER bytes instead of the kernel's
+    autotuned one (up to 4 MB on Linux): a client that stops reading then shows as slow after
+    a bounded amount, and holds that much kernel memory at most, not megabytes."""
+    size = settings.LIVE_SOCKET_SEND_BUFFER
+    sock = transport.get_extra_info("socket")
+    if size and sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        except OSError as exc:  # not a TCP socket, or not allowed: the kernel's default stays
+            logger.debug("could not bound the send buffer: %s", exc)
+
+
 class UvicornWire:
     """Writes to uvicorn's websockets-sansio connection directly (its `send`, minus the await)."""
 
@@ -108,6 +131,10 @@ class UvicornWire:
         # Without an extension (permessage-deflate) every socket gets the same bytes.
         self.shared_frames = not protocol.conn.extensions
         self.limit = settings.LIVE_SLOW_CLIENT_BYTES
+        socket_send_buffer_bound(self.transport)
+        # uvicorn's `writable` (and its own sends) then wait at the same mark as the live path
+        # drops at: above `limit` the transport pauses, below a quarter of it it resumes.
+        self.transport.set_write_buffer_limits(high=self.limit)
 
     @property
     def open(self) -> bool:
@@ -128,6 +155,22 @@ class UvicornWire:
             self.transport.write(b"".join(connection.data_to_send()))
         return True
 
+    async def send(self, text: str) -> bool:
+        if not self.open:
+            return False
+        if not self.protocol.writable.is_set():
+            try:
+                await asyncio.wait_for(self.drained(), SLOW_CLOSE_TIMEOUT)
+            except TimeoutError:
+                self.close(SLOW, SLOW_REASON)
+                return False
+            if not self.open:
+                return False
+        connection = self.protocol.conn
+        connection.send_text(text.encode())
+        self.transport.write(b"".join(connection.data_to_send()))
+        return True
+
     async def drained(self) -> None:
         # uvicorn's own flag: cleared while the transport's buffer is above its high-water mark.
         await self.protocol.writable.wait()
@@ -145,8 +188,9 @@ class UvicornWire:
             protocol.read_paused = False
             self.transport.resume_reading()
         # The peer's answer completes the close (uvicorn then cancels this timer); a peer that
-        # reads nothing more is cut off after uvicorn's close timeout, its unread frames dropped.
-        protocol.close_timer = protocol.loop.call_later(protocol.close_timeout, self.transport.abort)
+        # reads nothing more is cut off, its unread frames dropped.
+        timeout = SLOW_CLOSE_TIMEOUT if code == SLOW else protocol.close_timeout
+        protocol.close_timer = protocol.loop.call_later(timeout, self.transport.abort)
 
     def stop(self) -> None:
         """Nothing to stop: the server owns the connection."""
@@ -157,7 +201,7 @@ class AwaitedWire:
     socket awaits the ASGI `send` for each. More than AWAITED_BACKLOG waiting: slow."""
 
     def __init__(self, send: Any) -> None:
-        self.send = send
+        self.asgi_send = send
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
         self.closing = False
         self.failed = False
@@ -175,6 +219,17 @@ class AwaitedWire:
             return False
         if len(self.queue) >= AWAITED_BACKLOG:
             self.close(SLOW, SLOW_REASON)
+            return False
+        self._put({"type": "websocket.send", "text": text})
+        return True
+
+    async def send(self, text: str) -> bool:
+        if self.open and len(self.queue) >= AWAITED_BACKLOG // 2:
+            try:
+                await asyncio.wait_for(self.drained(), SLOW_CLOSE_TIMEOUT)
+            except TimeoutError:
+                self.close(SLOW, SLOW_REASON)
+        if not self.open:
             return False
         self._put({"type": "websocket.send", "text": text})
         return True
@@ -201,7 +256,7 @@ class AwaitedWire:
             while self.queue:
                 message = self.queue.popleft()
                 try:
-                    await self.send(message)
+                    await self.asgi_send(message)
                 except Exception as exc:  # the socket went away
                     logger.debug("websocket send failed: %s: %s", type(exc).__name__, exc)
                     self.failed = True

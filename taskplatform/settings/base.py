@@ -272,6 +272,9 @@ LIVE_RECHECK_INTERVAL = env.float("LIVE_RECHECK_INTERVAL", default=15.0)
 # Bytes that may wait for one websocket client that does not read, beyond what the kernel
 # buffers; past it the client is dropped (close 4408) and reconnects with ?after=.
 LIVE_SLOW_CLIENT_BYTES = env.int("LIVE_SLOW_CLIENT_BYTES", default=256 * 1024)
+# The kernel send buffer of a live websocket, in bytes (0: the kernel's autotuning, up to 4 MB on
+# Linux). Bounded, a client that stops reading is found slow sooner and holds less memory.
+LIVE_SOCKET_SEND_BUFFER = env.int("LIVE_SOCKET_SEND_BUFFER", default=64 * 1024)
 # Seconds a websocket ticket (POST /api/ws-tickets/) stays good; at most 60.
 WS_TICKET_TTL = env.int("WS_TICKET_TTL", default=30)
 
@@ -430,7 +433,12 @@ LOGGING = {
         "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["job", "redact"]},
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        # Without handlers of its own: Django's default ones (a console handler under DEBUG, which
+        # wrote each request warning a second time, unredacted) give way to the root's.
+        "django": {"level": "INFO"},
+    },
 }
 
 # --- Operations (ops: /metrics, /readyz, Flower links) -------------------------------------------

@@ -23,15 +23,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def asgi_server(*, port: int | None = None, workers: int = 1) -> ManagedProcess:
-    """uvicorn serving `taskplatform.asgi:application` on the test database and Redis."""
+def asgi_server(*, port: int | None = None, workers: int = 1, log_level: str = "warning",
+                env: dict[str, str] | None = None) -> ManagedProcess:
+    """uvicorn serving `taskplatform.asgi:application` on the test database and Redis, with the
+    options `make run` gives it (`log_level` "info" writes its access log too)."""
     port = port or free_port()
     argv = [
         str(VENV_BIN / "uvicorn"), "taskplatform.asgi:application", "--host", "127.0.0.1", "--port", str(port),
         "--lifespan", "off", "--ws-per-message-deflate", "false", "--workers", str(workers),
-        "--log-level", "warning",
+        "--log-level", log_level,
     ]
-    process = ManagedProcess("uvicorn", argv, child_env())
+    process = ManagedProcess("uvicorn", argv, child_env(**(env or {})))
     process.url = f"http://127.0.0.1:{port}"
     return process
 

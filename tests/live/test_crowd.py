@@ -16,9 +16,11 @@ import json
 import socket
 from unittest import mock
 
+import psutil
 import pytest
 from websockets.asyncio.client import connect
 from websockets.client import ClientProtocol
+from websockets.exceptions import ConnectionClosedError
 from websockets.frames import Opcode
 from websockets.http11 import Response
 from websockets.uri import parse_uri
@@ -161,3 +163,70 @@ def test_two_hundred_watchers_get_every_event_in_order_while_a_stalled_one_is_dr
         return await watch(url.replace("after=0", f"after={got[-1] if got else 0}"), cookies[0])
 
     assert asyncio.run(resume()) == list(range(len(got) + 1, last_seq + 1))
+
+
+@pytest.fixture
+def two_web_processes(transactional_db):
+    server = asgi_server(workers=2).start()
+    try:
+        wait_until_serving(server.url)
+        yield server
+    finally:
+        server.stop()
+
+
+def sockets_of(process: psutil.Process, port: int) -> int:
+    """How many established connections `process` holds on its listening `port`."""
+    return sum(1 for conn in process.net_connections(kind="tcp") if conn.status == "ESTABLISHED"
+               and conn.laddr and conn.laddr.port == port)
+
+
+def test_with_two_web_processes_every_watcher_gets_every_event_and_a_revocation_reaches_all(two_web_processes):
+    server = two_web_processes
+    url, port = server.url, int(server.url.rsplit(":", 1)[1])
+    """Each web process has its own fan-out and its own share of the sockets (the kernel spreads
+    the connections over uvicorn's workers); a revocation is pushed to every process."""
+    from accounts.services import api_token_create, api_token_revoke
+    from tests.live.conftest import ticket_from
+
+    owner = make_user("olga")
+    token, key = api_token_create(user=owner, name="test")
+    with mock.patch("jobs.services.job_dispatch"):
+        job, _ = job_submit(kind="demo.noop", input={}, owner=owner)
+    base = url.replace("http://", "ws://", 1) + f"/ws/jobs/{job.pk}/?after=0&ticket="
+    sockets = 40
+
+    async def watchers() -> tuple[list[list[int]], set[int]]:
+        tickets = [await asyncio.to_thread(ticket_from, url, key) for _ in range(sockets)]
+        connections = [await connect(base + ticket, open_timeout=30) for ticket in tickets]
+        seen: list[list[int]] = [[] for _ in connections]
+        for ws in connections:
+            assert json.loads(await ws.recv())["type"] == "snapshot"
+        # Both web processes serve some of them (uvicorn's third child is multiprocessing's helper).
+        served = [sockets_of(process, port) for process in psutil.Process(server.proc.pid).children()]
+        assert sum(1 for count in served if count) == 2 and sum(served) == sockets, served
+
+        def write() -> None:
+            from django.db import connection
+
+            try:
+                for number in range(10):
+                    event_append(job_id=job.pk, type="log", status="info", message={"n": number})
+            finally:
+                connection.close()
+
+        await asyncio.to_thread(write)
+        for ws, seqs in zip(connections, seen, strict=True):
+            while len(seqs) < 11:
+                seqs.append(json.loads(await asyncio.wait_for(ws.recv(), 30))["event"]["seq"])
+        await asyncio.to_thread(api_token_revoke, token=token)
+        codes = set()
+        for ws in connections:
+            with pytest.raises(ConnectionClosedError) as closed:
+                await asyncio.wait_for(ws.recv(), 30)
+            codes.add(closed.value.rcvd.code)
+        return seen, codes
+
+    seen, codes = asyncio.run(watchers())
+    assert all(seqs == list(range(1, 12)) for seqs in seen)
+    assert codes == {4401}

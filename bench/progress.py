@@ -24,9 +24,10 @@ Cases:
 Latency is the client's receipt time minus the event's `created_at` (the feed: the job's
 `updated_at`), both taken on this machine's clock. The row's time is taken as it is written,
 before its commit, so the latency includes the durable write. A client takes the receipt time
-when the bytes reach it, before it parses them (websockets' sans-I/O protocol on an asyncio
-transport), so the figure is the server's and not the client's parsing. Every client checks
-its `seq`s for gaps and duplicates; delivery is counted against the rows in the database.
+when it reads the bytes, and parses them later (websockets' sans-I/O protocol on an asyncio
+transport, parsed every 50 ms), so that the figure is the server's and not the clients'
+parsing. Every client checks its `seq`s for gaps and duplicates; delivery is counted against
+the rows in the database.
 
 It prints a table and rewrites `bench/results/progress-latest.md` (and a JSON file per run).
 """
@@ -60,6 +61,7 @@ LOG_DIR = BASE_DIR / "var" / "bench-progress"
 AIM_P99_MS = 25.0
 SOCKETS_PER_USER = 20  # below the per-user cap of live streams (LIVE_STREAMS_PER_USER)
 SLEEP_INPUT = {"seconds": 30, "steps": 60}
+PARSE_INTERVAL = 0.05  # seconds between two parses of what the client processes read
 
 
 class BenchError(RuntimeError):
@@ -70,7 +72,13 @@ class BenchError(RuntimeError):
 
 
 class Watcher(asyncio.Protocol):
-    """One websocket client on websockets' sans-I/O protocol: it keeps (receipt time, frame)."""
+    """One websocket client on websockets' sans-I/O protocol: it keeps (receipt time, frame).
+
+    Once `deferred` (after the connections are made), `data_received` only notes the time and
+    keeps the bytes; `parse` (every PARSE_INTERVAL, and at the end) makes frames of them, each
+    with the time of the read that completed it, and answers pings. So a client process reading
+    500 sockets does not delay its own later reads by parsing the earlier ones.
+    """
 
     def __init__(self, uri: str, cookie: str, loop: asyncio.AbstractEventLoop) -> None:
         from websockets.client import ClientProtocol
@@ -83,6 +91,8 @@ class Watcher(asyncio.Protocol):
         self.frames: list[tuple[float, bytes]] = []
         self.close_code: int | None = None
         self.transport: asyncio.Transport | None = None
+        self.deferred = False
+        self.unparsed: list[tuple[float, bytes]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -91,6 +101,17 @@ class Watcher(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.time()  # before any parsing: the figure is the server's, not this client's
+        if self.deferred:
+            self.unparsed.append((now, data))
+        else:
+            self._parse(now, data)
+
+    def parse(self) -> None:
+        unparsed, self.unparsed = self.unparsed, []
+        for now, data in unparsed:
+            self._parse(now, data)
+
+    def _parse(self, now: float, data: bytes) -> None:
         from websockets.frames import Opcode
         from websockets.http11 import Response
 
@@ -138,11 +159,23 @@ async def client_run(url: str, sockets: list[tuple[str, str]], connect_batch: in
 
     for start in range(0, len(sockets), connect_batch):
         watchers += await asyncio.gather(*(open_one(*pair) for pair in sockets[start : start + connect_batch]))
+    for _, watcher in watchers:
+        watcher.deferred = True
+
+    async def parse_now_and_then() -> None:
+        while True:
+            await asyncio.sleep(PARSE_INTERVAL)
+            for _, watcher in watchers:
+                watcher.parse()
+
+    parsing = asyncio.ensure_future(parse_now_and_then())
     print("ready", flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)  # the bench says when the events are over
+    parsing.cancel()
     result: dict[str, Any] = {"latencies_ms": [], "received": 0, "gaps": 0, "duplicates": 0,
                               "snapshots": [], "close_codes": []}
     for path, watcher in watchers:
+        watcher.parse()
         if watcher.transport is not None:
             watcher.transport.abort()
         (feed_result if path == FEED_PATH else job_result)(path, watcher, result)
@@ -195,7 +228,7 @@ def client_main(args: argparse.Namespace) -> None:
         uvloop.install()
     except ImportError:  # plain asyncio: the client costs a little more per message
         pass
-    sockets = [tuple(pair) for pair in json.loads(sys.stdin.readline())]
+    sockets = [tuple(pair) for pair in json.loads(Path(args.sockets).read_text())]
     result = asyncio.run(client_run(args.url, sockets))
     print("result " + json.dumps(result), flush=True)
 
@@ -209,11 +242,11 @@ class Clients:
             share = sockets[part::procs]
             if not share:
                 continue
-            proc = subprocess.Popen([sys.executable, __file__, "--client-proc", "--url", url], cwd=BASE_DIR,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            assert proc.stdin is not None
-            proc.stdin.write(json.dumps(share) + "\n")
-            proc.stdin.flush()
+            LOG_DIR.mkdir(parents=True, exist_ok=True)
+            listing = LOG_DIR / f"client-{part}.json"
+            listing.write_text(json.dumps(share))
+            argv = [sys.executable, __file__, "--client-proc", "--url", url, "--sockets", str(listing)]
+            proc = subprocess.Popen(argv, cwd=BASE_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             self.procs.append(proc)
 
     def ready(self) -> None:
@@ -573,7 +606,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only; do not write bench/results/")
     parser.add_argument("--client-proc", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
-    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--sockets", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client_proc:
         client_main(args)

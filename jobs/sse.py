@@ -113,7 +113,10 @@ class EventStreamResponse(StreamingHttpResponse):
         self.loop = asyncio.get_running_loop()
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.stream.stop)  # Django closes it from a thread
+        try:
+            self.loop.call_soon_threadsafe(self.stream.stop)  # Django closes it from a thread
+        except RuntimeError:  # the loop is gone, and the stream with it
+            pass
         super().close()
 
 

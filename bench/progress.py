@@ -87,7 +87,8 @@ class Watcher(asyncio.Protocol):
         self.ws = ClientProtocol(parse_uri(uri), max_size=None)
         self.request = self.ws.connect()
         self.request.headers["Cookie"] = cookie
-        self.first_frame = loop.create_future()  # the handshake answered (the feed) / the snapshot
+        self.opened = loop.create_future()  # the handshake answered: the feed follows from then on
+        self.first_frame = loop.create_future()  # a job stream's snapshot
         self.frames: list[tuple[float, bytes]] = []
         self.close_code: int | None = None
         self.transport: asyncio.Transport | None = None
@@ -118,8 +119,11 @@ class Watcher(asyncio.Protocol):
         self.ws.receive_data(data)
         for event in self.ws.events_received():
             if isinstance(event, Response):
-                if event.status_code != 101 and not self.first_frame.done():
-                    self.first_frame.set_exception(BenchError(f"handshake answered {event.status_code}"))
+                for future in (self.opened, self.first_frame):
+                    if event.status_code != 101 and not future.done():
+                        future.set_exception(BenchError(f"handshake answered {event.status_code}"))
+                if event.status_code == 101 and not self.opened.done():
+                    self.opened.set_result(None)
             elif event.opcode is Opcode.TEXT:
                 self.frames.append((now, bytes(event.data)))
                 if not self.first_frame.done():
@@ -139,8 +143,9 @@ class Watcher(asyncio.Protocol):
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.first_frame.done():
-            self.first_frame.set_exception(BenchError(f"connection lost: {exc}"))
+        for future in (self.opened, self.first_frame):
+            if not future.done():
+                future.set_exception(BenchError(f"connection lost: {exc}"))
 
 
 async def client_run(url: str, sockets: list[tuple[str, str]], connect_batch: int = 50) -> dict[str, Any]:
@@ -153,6 +158,7 @@ async def client_run(url: str, sockets: list[tuple[str, str]], connect_batch: in
         _, watcher = await loop.create_connection(
             lambda: Watcher(f"{url}{path}", cookie, loop), parts.hostname, parts.port
         )
+        await asyncio.wait_for(watcher.opened, 60)
         if path != FEED_PATH:  # a job's stream starts with its snapshot; the feed says nothing
             await asyncio.wait_for(watcher.first_frame, 60)
         return path, watcher
@@ -498,8 +504,7 @@ def run_feed(server: Process, workers: int, users: list[Any], watchers: int, pro
 
     clients = Clients(server.ws_url, [(FEED_PATH, cookie) for cookie in session_cookies(users, watchers)], procs)
     try:
-        clients.ready()
-        time.sleep(1.0)  # each feed socket joins the feed just after its handshake
+        clients.ready()  # each feed socket has joined the feed before its handshake was answered
         cpu, started = server.cpu_seconds(), time.monotonic()
         jobs = []
         for number in range(int(seconds / every)):

@@ -105,6 +105,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     channel_layer_alias = None
     followed: str | None = None
     wire: Wire | None = None
+    accepted = False
     admitted = False
     job_pk: Any = None
     last_seq = 0
@@ -115,8 +116,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
-
-    accepted = False
 
     def caller(self) -> tuple[Any, str | None]:
         """The user of the socket, and why they are refused (None when they are not)."""
@@ -148,10 +147,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.admitted = True
         return True
 
-    async def follow(self, group: str, follower: Any = None) -> None:
-        """Join `group` (returns once joined); pushes go to `follower.deliver` (default: self)."""
+    async def follow(self, group: str) -> None:
+        """Join `group` (returns once joined); its pushes come to `deliver`."""
         try:
-            await LocalFanout.here().follow(group, follower or self)
+            await LocalFanout.here().follow(group, self)
         except Exception as exc:  # Redis away: no pushes, the periodic check still delivers
             logger.warning("could not join %s: %s: %s", group, type(exc).__name__, exc)
         self.followed = group

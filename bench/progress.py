@@ -236,7 +236,8 @@ def client_main(args: argparse.Namespace) -> None:
         pass
     sockets = [tuple(pair) for pair in json.loads(Path(args.sockets).read_text())]
     result = asyncio.run(client_run(args.url, sockets))
-    print("result " + json.dumps(result), flush=True)
+    Path(args.sockets).with_suffix(".result.json").write_text(json.dumps(result))
+    print("done", flush=True)
 
 
 class Clients:
@@ -244,6 +245,7 @@ class Clients:
 
     def __init__(self, url: str, sockets: list[tuple[str, str]], procs: int) -> None:
         self.procs: list[subprocess.Popen] = []
+        self.listings: list[Path] = []
         for part in range(procs):
             share = sockets[part::procs]
             if not share:
@@ -251,6 +253,8 @@ class Clients:
             LOG_DIR.mkdir(parents=True, exist_ok=True)
             listing = LOG_DIR / f"client-{part}.json"
             listing.write_text(json.dumps(share))
+            listing.with_suffix(".result.json").unlink(missing_ok=True)
+            self.listings.append(listing)
             argv = [sys.executable, __file__, "--client-proc", "--url", url, "--sockets", str(listing)]
             proc = subprocess.Popen(argv, cwd=BASE_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             self.procs.append(proc)
@@ -265,12 +269,11 @@ class Clients:
 
     def results(self) -> dict[str, Any]:
         merged: dict[str, Any] = {}
-        for proc in self.procs:
+        for proc, listing in zip(self.procs, self.listings, strict=True):
             out, _ = proc.communicate("stop\n", timeout=300)
-            line = next((item for item in out.splitlines() if item.startswith("result ")), None)
-            if line is None:
+            if proc.returncode != 0 or "done" not in out:
                 raise BenchError(f"a client process gave no result: {out[-2000:]!r}")
-            for key, value in json.loads(line[len("result "):]).items():
+            for key, value in json.loads(listing.with_suffix(".result.json").read_text()).items():
                 merged[key] = merged[key] + value if key in merged else value
         return merged
 

@@ -32,7 +32,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict, deque
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs
 
 from channels.consumer import get_handler_name
@@ -42,7 +42,7 @@ from django.conf import settings
 
 from jobs.broadcast import FEED_GROUP, job_group
 from jobs.errors import JobNotFound
-from jobs.fanout import LocalFanout, Push
+from jobs.fanout import Batch, LocalFanout, Push
 from jobs.models import Job
 from jobs.presenters import job_as_dict
 from jobs.selectors import job_events_after, job_get_visible, job_visible_to_which
@@ -91,6 +91,32 @@ def _framed(text_of: Any) -> Any:
 
 event_frame = _framed(event_text)
 job_frame = _framed(job_text)
+
+
+class EventRun(NamedTuple):
+    """A batch of pushed events numbered `first`..`last` with no gap, ready to go out at once."""
+
+    first: int
+    last: int
+    texts: list[str]
+    frames: bytes
+    finished: bool | None  # after it: is the job finished (None: no status event in it)
+
+
+def event_run(pushes: list[Push]) -> EventRun | None:
+    """The batch as one run of consecutive events, or None (anything else, or a gap in it)."""
+    if any(push.message.get("type") != "job.event" for push in pushes):
+        return None
+    events = [push.message["event"] for push in pushes]
+    if any(later["seq"] != earlier["seq"] + 1 for earlier, later in zip(events, events[1:], strict=False)):
+        return None
+    statuses = [event["status"] for event in events if event["type"] == "status"]
+    return EventRun(
+        first=events[0]["seq"], last=events[-1]["seq"],
+        texts=[push.encoded("event.text", event_text) for push in pushes],
+        frames=b"".join(push.encoded("event.frame", event_frame) for push in pushes),
+        finished=statuses[-1] in Job.TERMINAL if statuses else None,
+    )
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -244,6 +270,20 @@ class JobEventsConsumer(LiveConsumer):
         else:
             self._unfollow()  # closed, or just dropped as too slow
 
+    def deliver_batch(self, batch: Batch) -> None:
+        """Several pushes that came together: one write for all, when they follow on."""
+        run = batch.encoded("event.run", event_run)
+        if run is None or self.catching_up or self.job_pk is None or self.last_seq != run.first - 1:
+            for push in batch.pushes:
+                self.deliver(push)
+            return
+        if self.wire.write_many(run.texts, run.frames):
+            self.last_seq = run.last
+            if run.finished is not None:
+                self.finished = run.finished
+        else:
+            self._unfollow()  # closed, or just dropped as too slow
+
     def resync(self) -> None:
         """Catch up from the database (a gap, or a lost push found by `jobs.streams`)."""
         if self.job_pk is None or self.catching_up:
@@ -336,29 +376,67 @@ class FeedFanout:
                 return
             self.waiting.popleft()
 
-    def _send(self, push: Push) -> list[JobFeedConsumer]:
-        """Send `push` to the sockets that may see its job; return those not yet known."""
+    def _facts(self, push: Push) -> tuple[Any, bool, dict[Any, bool]]:
+        """What deciding who sees `push` needs: the job's creator, whether it paused, and who
+        is known to see it (nobody, once that is older than a re-check interval)."""
         message = push.message
-        job_id, owner_id = message["job"]["id"], message.get("owner_id")
-        paused = message["job"]["status"] == Job.Status.PAUSED
-        asked_at, known = self.viewers.get(job_id, (0.0, {}))
+        asked_at, known = self.viewers.get(message["job"]["id"], (0.0, {}))
         if time.monotonic() - asked_at > settings.LIVE_RECHECK_INTERVAL:
             known = {}
+        return message.get("owner_id"), message["job"]["status"] == Job.Status.PAUSED, known
+
+    @staticmethod
+    def _sees(user: Any, facts: tuple[Any, bool, dict[Any, bool]]) -> bool | None:
+        """Whether `user` sees the job, decided in memory; None when a query must say."""
+        owner_id, paused, known = facts
+        if user.is_staff or (owner_id is not None and owner_id == user.pk):
+            return True
+        visible = known.get(user.pk)
+        # A job may become visible when it pauses (a question the caller may answer opened).
+        return None if visible is None or (paused and not visible) else visible
+
+    def _send(self, push: Push) -> list[JobFeedConsumer]:
+        """Send `push` to the sockets that may see its job; return those not yet known."""
+        facts = self._facts(push)
         undecided = []
         for socket in tuple(self.sockets):
             if not socket.accepted:
                 continue  # its handshake is not answered yet: this change came before it
-            user = socket.user
-            if user.is_staff or (owner_id is not None and owner_id == user.pk):
-                socket.send_push(push)
-                continue
-            visible = known.get(user.pk)
-            # A job may become visible when it pauses (a question the caller may answer opened).
-            if visible is None or (paused and not visible):
+            visible = self._sees(socket.user, facts)
+            if visible is None:
                 undecided.append(socket)
             elif visible:
-                socket.send_push(push)
+                socket.send_pushes([push.encoded("job.text", job_text)], push.encoded("job.frame", job_frame))
         return undecided
+
+    def deliver_batch(self, batch: Batch) -> None:
+        """Status changes that came together: one write per socket for those it may see."""
+        pushes = [push for push in batch.pushes if push.message.get("type") == "job.status"]
+        busy = self.waiting or (self.task is not None and not self.task.done())
+        if busy or len(pushes) < 2:
+            for push in pushes:
+                self.deliver(push)
+            return
+        facts = [self._facts(push) for push in pushes]
+        plans = []
+        for socket in tuple(self.sockets):
+            if not socket.accepted:
+                continue
+            seen = [self._sees(socket.user, fact) for fact in facts]
+            if None in seen:  # a query must decide: one push at a time, in order
+                for push in pushes:
+                    self.deliver(push)
+                return
+            plans.append((socket, seen))
+        texts = [push.encoded("job.text", job_text) for push in pushes]
+        frames = [push.encoded("job.frame", job_frame) for push in pushes]
+        joined = b"".join(frames)
+        for socket, seen in plans:
+            if all(seen):
+                socket.send_pushes(texts, joined)
+            elif any(seen):
+                mine = [index for index, visible in enumerate(seen) if visible]
+                socket.send_pushes([texts[i] for i in mine], b"".join(frames[i] for i in mine))
 
     async def _decide_then_go_on(self, push: Push, sockets: list[JobFeedConsumer]) -> None:
         job_id = push.message["job"]["id"]
@@ -377,7 +455,7 @@ class FeedFanout:
                 self.viewers.popitem(last=False)
             for socket in sockets:
                 if socket.user.pk in seeing and socket in self.sockets:
-                    socket.send_push(push)
+                    socket.send_pushes([push.encoded("job.text", job_text)], push.encoded("job.frame", job_frame))
         self.waiting.popleft()
         self._send_waiting()
 
@@ -406,8 +484,9 @@ class JobFeedConsumer(LiveConsumer):
         self.followed = FEED_GROUP
         await self.open()
 
-    def send_push(self, push: Push) -> None:
-        if not self.wire.write(push.encoded("job.text", job_text), push.encoded("job.frame", job_frame)):
+    def send_pushes(self, texts: list[str], frames: bytes) -> None:
+        """Write these status changes (`frames`: the same, framed and joined) at once."""
+        if not self.wire.write_many(texts, frames):
             self._unfollow()  # closed, or just dropped as too slow
 
     def _unfollow(self) -> None:

@@ -54,10 +54,30 @@ class Push:
             return value
 
 
+class Batch:
+    """Pushes of one group that reached this process together (a burst: a step's end, its
+    progress and the next step's start come within milliseconds), in order. A follower with a
+    `deliver_batch` takes them at once: one write per socket for the lot, not one per event.
+    `encoded` as for `Push`, over the whole list."""
+
+    __slots__ = ("pushes", "_encoded")
+
+    def __init__(self, pushes: list[Push]) -> None:
+        self.pushes = pushes
+        self._encoded: dict[str, Any] = {}
+
+    def encoded(self, name: str, make: Callable[[list[Push]], Any]) -> Any:
+        try:
+            return self._encoded[name]
+        except KeyError:
+            value = self._encoded[name] = make(self.pushes)
+            return value
+
+
 class Follower(Protocol):
     def deliver(self, push: Push) -> None:
         """Take one pushed message; must not block (write without awaiting, queue it, or set an
-        event) and must not raise."""
+        event) and must not raise. (A follower may also have `deliver_batch(batch)`.)"""
 
 
 class LocalFanout:
@@ -108,22 +128,41 @@ class LocalFanout:
     async def _receive_forever(self) -> None:
         while True:
             try:
-                message = await self._receive_one()
+                messages = [await self._receive_one()]
+                while messages:
+                    self._hand_out(messages)
+                    # What came meanwhile (the rest of a burst, while the loop above wrote),
+                    # taken at once and handed out together.
+                    messages = await self._waiting()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: pushes are lost meanwhile, the database is not
                 logger.warning("job event fan-out cannot receive: %s: %s", type(exc).__name__, exc)
                 await asyncio.sleep(1)
-                continue
-            followers = self.followers.get(message.get("group", ""))
+
+    async def _waiting(self) -> list[dict[str, Any]]:
+        receive_waiting = getattr(self.layer, "receive_waiting", None)  # taskplatform.channel_layer
+        return await receive_waiting(self.channel) if receive_waiting is not None else []
+
+    def _hand_out(self, messages: list[dict[str, Any]]) -> None:
+        """Give each group's messages to its followers, in order, synchronously."""
+        by_group: dict[str, list[Push]] = {}
+        for message in messages:
+            by_group.setdefault(message.get("group", ""), []).append(Push(message))
+        for group, pushes in by_group.items():
+            followers = self.followers.get(group)
             if not followers:
                 continue
-            push = Push(message)
+            batch = Batch(pushes) if len(pushes) > 1 else None
             for follower in tuple(followers):
                 try:
-                    follower.deliver(push)
+                    if batch is not None and hasattr(follower, "deliver_batch"):
+                        follower.deliver_batch(batch)
+                    else:
+                        for push in pushes:
+                            follower.deliver(push)
                 except Exception:
-                    logger.exception("a follower of %s failed to take a message", message.get("group"))
+                    logger.exception("a follower of %s failed to take a message", group)
 
     async def _receive_one(self) -> dict[str, Any]:
         """`layer.receive`, in a task of its own that is cancelled until it really stops.

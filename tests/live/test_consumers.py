@@ -327,3 +327,40 @@ def test_events_are_only_published_after_their_transaction_commits():
 
     run(scenario)
     assert JobEvent.objects.filter(job=job).count() == 2
+
+
+def test_a_burst_that_came_together_goes_out_in_one_write_in_order():
+    """Events that reach the server while it is busy (here: its loop blocked for a moment) are
+    taken together and written to each socket at once, in order, with no gap."""
+    import threading
+    import time
+
+    owner = make_user("olga")
+    job = submit(owner)
+    cookie = session_cookie(owner)
+
+    def burst():
+        from django.db import connection
+
+        for number in range(5):
+            log(job, f"burst {number}")
+        connection.close()
+
+    async def scenario():
+        first = await open_socket(f"/ws/jobs/{job.pk}/", cookie=cookie)
+        second = await open_socket(f"/ws/jobs/{job.pk}/", cookie=cookie)
+        for ws in (first, second):
+            assert (await receive(ws))["last_seq"] == 1
+        writer = threading.Thread(target=burst)
+        writer.start()
+        writer.join()
+        time.sleep(0.5)  # the loop is busy: the pushes wait in Redis
+        for ws in (first, second):
+            assert await receive_events(ws, 5) == [2, 3, 4, 5, 6]
+            assert await ws.receive_nothing(timeout=0.3)
+            await ws.disconnect()
+
+    with mock.patch.object(JobEventsConsumer, "deliver_batch", autospec=True,
+                           side_effect=JobEventsConsumer.deliver_batch) as batches:
+        run(scenario)
+    assert batches.call_count == 2  # one batch, for each socket

@@ -41,7 +41,12 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: WebhookDelivery | None = None) -> bool:
         return False
 
-    @admin.action(description="Send the selected deliveries again now", permissions=["view"])
+    def has_resend_permission(self, request: HttpRequest) -> bool:
+        """Sending again makes the workers call out: more than viewing. The webhook's change
+        permission (the deliveries themselves are read-only)."""
+        return request.user.has_perm("webhooks.change_webhook")
+
+    @admin.action(description="Send the selected deliveries again now", permissions=["resend"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]) -> None:
         for delivery in queryset:
             webhook_delivery_retry_now(delivery=delivery)

@@ -1,6 +1,6 @@
 """Item 4: the token admin lets nobody impersonate anyone. Staff with `add_apitoken` make keys for
-themselves only, superusers for anyone; revoking needs the change permission; and every admin
-action of the project declares the permissions it needs."""
+themselves only, superusers for anyone; revoking needs the change permission; every admin action
+of the project declares the permissions it needs, and none that acts is open to view-only staff."""
 
 from __future__ import annotations
 
@@ -79,3 +79,26 @@ def test_every_admin_action_declares_its_permissions():
             if not getattr(function, "allowed_permissions", None):
                 undeclared.append(f"{model._meta.label}.{getattr(function, '__name__', action)}")
     assert not undeclared, f"admin actions without declared permissions: {undeclared}"
+
+
+def test_view_only_staff_cannot_send_webhook_deliveries_again(settings):
+    from django.contrib.auth.models import Permission as Perm
+
+    from jobs.runner import job_execute
+    from jobs.services import job_submit
+    from webhooks.models import WebhookDelivery
+    from webhooks.services import webhook_create
+
+    owner = make_user("shop")
+    webhook_create(owner=owner, url="https://hooks.example.com/x", events=["completed"])
+    job, _ = job_submit(kind="demo.noop", owner=owner)
+    job_execute(job_id=job.pk)
+    WebhookDelivery.objects.update(status="failed", attempts=8)
+    viewer = make_user("viewer", staff=True)
+    viewer.user_permissions.add(Perm.objects.get(codename="view_webhookdelivery"))
+    client = signed_in(viewer)
+    assert "retry_now" not in client.get("/admin/webhooks/webhookdelivery/").content.decode()
+    delivery = WebhookDelivery.objects.get()
+    client.post("/admin/webhooks/webhookdelivery/", {"action": "retry_now", "_selected_action": [delivery.pk]})
+    delivery.refresh_from_db()
+    assert delivery.status == "failed"

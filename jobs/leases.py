@@ -160,13 +160,13 @@ class Heartbeat:
         lease has expired another run may claim the job, and the two must never overlap."""
         margin = 2 * self._tick()
         now = time.monotonic()
-        overdue = [ctx for ctx in runs if now >= ctx.lease_until - margin]
+        overdue = [ctx for ctx in runs if now >= ctx.lease_until - margin and not ctx.overdue]
         if not overdue:
             return
         for ctx in overdue:
             logger.error("job %s: run %s is about to outlive its lease (%s); stopping it", ctx.job_id, ctx.attempt,
                          "it lost the job" if ctx.lost else "the lease could not be renewed")
-            ctx.lost = True
+            ctx.lost = ctx.overdue = True
         terminate = self.terminate or (_kill_this_process if TERMINATE_OVERDUE_RUNS else None)
         if terminate is not None:
             with self._lock:

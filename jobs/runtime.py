@@ -128,6 +128,7 @@ class JobContext:
         # renewed in time): the next ctx call raises RunLost. `lease_until` is when the lease the
         # heartbeat last wrote ends, in this process's time.monotonic().
         self.lost = False
+        self.overdue = False  # the heartbeat found it about to outlive its lease (and stops it)
         self.lease_until = time.monotonic() + settings.JOBS_LEASE_SECONDS
         self.job_id = job.pk
         self.input = job.input

@@ -17,6 +17,7 @@ from django.db.models import F, Func, JSONField, QuerySet, Value
 from django.utils import timezone
 
 from jobs.broadcast import event_publish
+from jobs.clock import db_now
 from jobs.errors import JobNotFound
 from jobs.models import Job, JobEvent
 
@@ -147,7 +148,7 @@ def event_append(
         rows = Job.objects.filter(pk=job_id)
         if run_attempt is not None:
             rows = rows.filter(status=Job.Status.PROCESSING, attempts=run_attempt)
-        values = {"event_seq": F("event_seq") + 1, "updated_at": timezone.now(), **(fields or {})}
+        values = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), **(fields or {})}
         written = job_update_with_event(rows=rows, fields=values, type=type, step=step, status=status, message=message)
         if written is None:
             if run_attempt is not None:
@@ -185,7 +186,7 @@ def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
         rows = Job.objects.filter(pk=job_id, status=Job.Status.PROCESSING, attempts=run_attempt).exclude(
             checkpoint__has_key=step
         )
-        fields = {"event_seq": F("event_seq") + 1, "updated_at": timezone.now()}
+        fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now()}
         if job_update_with_event(rows=rows, fields=fields, type="step", step=step, status="started") is not None:
             return STEP_NOT_DONE
         current = Job.objects.filter(pk=job_id).values("status", "attempts", "checkpoint").first()
@@ -217,7 +218,7 @@ def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> 
         else:
             checkpoint = _CheckpointAdd(step, value)
         owned = Job.objects.filter(pk=job_id, status=Job.Status.PROCESSING, attempts=run_attempt)
-        fields = {"event_seq": F("event_seq") + 1, "updated_at": timezone.now(), "checkpoint": checkpoint}
+        fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), "checkpoint": checkpoint}
         written = job_update_with_event(rows=owned, fields=fields, type="step", step=step, status="completed")
         if written is not None:
             return written[0].checkpoint[step]

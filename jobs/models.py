@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connections, models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 
 from jobs.presenters import event_text
@@ -150,8 +151,10 @@ class Job(models.Model):
     # A child that ends reads it (under this row's lock) to wake the job exactly once; any move
     # back to `pending` clears it.
     gathering = models.JSONField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    # The database's clock (`jobs.clock`), as every write of the job's times: the reconciler
+    # compares `updated_at` with it (the dispatch grace). Each move sets `updated_at` itself.
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

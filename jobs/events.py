@@ -42,7 +42,7 @@ def event_record(
     """
     event = JobEvent(
         job_id=job.pk, seq=job.event_seq, type=type, step=step, status=status, message=message or {},
-        created_at=timezone.now(),
+        created_at=timezone.now(),  # host clock: shown to people, never compared across hosts
     )
     _event_insert(event)
     transaction.on_commit(partial(event_publish, job=job, event=event), robust=True)
@@ -52,7 +52,7 @@ def event_record(
 def events_record_first(*, jobs: list[Job]) -> list[JobEvent]:
     """Insert the first event (`status pending`, seq 1) of each of `jobs`, just created with
     `event_seq=1`, in one statement; push each once the transaction commits."""
-    now = timezone.now()
+    now = timezone.now()  # host clock: an event's time is shown to people, never compared across hosts
     events = JobEvent.objects.bulk_create(
         [JobEvent(job_id=job.pk, seq=1, type="status", status=Job.Status.PENDING, message={}, created_at=now)
          for job in jobs]
@@ -105,7 +105,8 @@ def job_update_with_event(
     PostgreSQL the update and the insert are one statement (a data-modifying CTE): this is the
     path every status change and every progress report takes.
     """
-    event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=timezone.now())
+    now = timezone.now()  # host clock: shown to people, never compared across hosts
+    event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=now)
     connection = connections[rows.db]
     if connection.vendor == "postgresql":
         tail = ["type", "step", "status", "message", "created_at"]

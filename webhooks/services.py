@@ -103,7 +103,7 @@ def webhook_deliveries_enqueue(
     hooks += [hook for hook in also if hook.is_active]
     if not hooks:
         return []
-    now = timezone.now()
+    now = timezone.now()  # host clock: the payload's time, for the receiver's people and logs
     payload = {"event": f"job.{event}", "created_at": iso_utc(now), "job": _job_payload(job), **(extra or {})}
     deliveries = WebhookDelivery.objects.bulk_create(
         [
@@ -168,7 +168,7 @@ def webhook_deliver(*, delivery_id: Any) -> str:
         return _record(delivery, status_code=None, error="the webhook was disabled", final=True)
 
     body = json.dumps({"id": str(delivery.pk), **delivery.payload}, separators=(",", ":")).encode()
-    timestamp = int(time.time())
+    timestamp = int(time.time())  # host clock: the receiver checks it against its own (replay window)
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "taskplatform-webhooks",

@@ -215,6 +215,8 @@ JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=300.0)
 JOBS_DISPATCH_GRACE = env.float("JOBS_DISPATCH_GRACE", default=30.0)
 # How long the broker vouches for a dispatched message (its mark expires after this many
 # seconds): past it a job still pending may be sent once more.
+# A message that a worker took and died holding before it claimed its job is not covered by
+# the mark: it is sent again a grace after the reconciler first sees it held.
 JOBS_DISPATCH_MARK_TTL = env.float("JOBS_DISPATCH_MARK_TTL", default=3600.0)
 JOBS_RECONCILE_INTERVAL = env.float("JOBS_RECONCILE_INTERVAL", default=10.0)
 # Hard ceiling on one run of a job; a kind may ask for less.

@@ -151,9 +151,11 @@ class Job(models.Model):
     # A child that ends reads it (under this row's lock) to wake the job exactly once; any move
     # back to `pending` clears it.
     gathering = models.JSONField(null=True, blank=True)
-    # The database's clock (`jobs.clock`), as every write of the job's times: the reconciler
-    # compares `updated_at` with it (the dispatch grace). Each move sets `updated_at` itself.
-    created_at = models.DateTimeField(db_default=Now())
+    # The writing host's clock: for people and ordering (a batch's jobs, created in one INSERT,
+    # keep their order: one database time would tie them all).
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The database's clock (`jobs.clock`): the reconciler compares it with that clock (the
+    # dispatch grace). Each move sets it itself.
     updated_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

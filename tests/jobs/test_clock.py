@@ -51,7 +51,7 @@ ALLOWED = "# host clock:"
 
 # The columns another host compares.
 SHARED_TIMES = {
-    Job: ["lease_expires_at", "run_after", "created_at", "updated_at", "started_at", "finished_at"],
+    Job: ["lease_expires_at", "run_after", "updated_at", "started_at", "finished_at"],
     Question: ["expires_at", "answered_at"],
     Decision: ["created_at"],
     Wait: ["next_due_at", "deadline_at", "accepted_at", "woken_at"],

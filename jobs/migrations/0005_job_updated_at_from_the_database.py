@@ -13,11 +13,6 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AlterField(
             model_name='job',
-            name='created_at',
-            field=models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-        ),
-        migrations.AlterField(
-            model_name='job',
             name='updated_at',
             field=models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
         ),

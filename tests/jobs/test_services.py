@@ -4,7 +4,6 @@ called in-process, and on_commit callbacks are captured where a dispatch matters
 import re
 import subprocess
 from pathlib import Path
-
 from unittest import mock
 
 import pytest

@@ -25,7 +25,9 @@ import base64
 import json
 import logging
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -59,14 +61,42 @@ def mark_key(job_id: Any) -> str:
     return f"{_prefix()}jobs:sent:{job_id}"
 
 
+# Marks held back to be written together (`dispatch_marks_together`), per thread.
+_held_marks = threading.local()
+
+
 def dispatch_mark(job_id: Any, *, countdown: float | None = None) -> None:
     """Record that `job_id`'s message was just published (it is on its way, maybe delayed by
     `countdown` seconds)."""
-    ttl = int(settings.JOBS_DISPATCH_MARK_TTL + (countdown or 0))
+    ttl = max(int(settings.JOBS_DISPATCH_MARK_TTL + (countdown or 0)), 1)
+    held = getattr(_held_marks, "marks", None)
+    if held is not None:
+        held.append((job_id, ttl))
+        return
     try:
-        _client().set(mark_key(job_id), "1", ex=max(ttl, 1))
+        _client().set(mark_key(job_id), "1", ex=ttl)
     except redis.RedisError as exc:
         logger.warning("could not mark the dispatch of job %s: %s", job_id, exc)
+
+
+@contextmanager
+def dispatch_marks_together() -> Iterator[None]:
+    """Inside, the dispatch marks are held and written in one pipeline at the end: a batch's
+    messages cost one round trip each instead of two. Use it only where the jobs already carry an
+    early mark (`dispatch_premark`) that covers them until then."""
+    _held_marks.marks = []
+    try:
+        yield
+    finally:
+        held, _held_marks.marks = _held_marks.marks, None
+        if held:
+            try:
+                with _client().pipeline(transaction=False) as pipe:
+                    for job_id, ttl in held:
+                        pipe.set(mark_key(job_id), "1", ex=ttl)
+                    pipe.execute()
+            except redis.RedisError as exc:
+                logger.warning("could not mark the dispatch of %d jobs: %s", len(held), exc)
 
 
 # A batch is published one message at a time after its commit: this long per job, at most.

@@ -18,7 +18,9 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from accounts.websocket import TokenAuthMiddleware, origin_checked  # noqa: E402
+from accounts.websocket import TicketAuthMiddleware, origin_checked  # noqa: E402
+from jobs.wire import RawSendInScope  # noqa: E402
+from ops.logging import server_logs_redact  # noqa: E402
 from taskplatform.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -43,11 +45,17 @@ def body_size_limited(app):
     return limited
 
 
-# Session cookie first, then `?token=KEY` (which wins when given); a browser's Origin must be
-# one of ALLOWED_HOSTS.
+# The ASGI server logs each request's path and query (uvicorn's access log, its websocket lines):
+# wake tokens, tickets and any `token=` in them are written as [redacted].
+server_logs_redact()
+
+# Session cookie first, then `?ticket=` (which wins when given); a browser's Origin must be one
+# of ALLOWED_HOSTS. The server's own `send` is kept in the scope for the live fan-out (jobs.wire).
 application = ProtocolTypeRouter(
     {
         "http": body_size_limited(django_asgi_app),
-        "websocket": origin_checked(AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))),
+        "websocket": RawSendInScope(
+            origin_checked(AuthMiddlewareStack(TicketAuthMiddleware(URLRouter(websocket_urlpatterns))))
+        ),
     }
 )

@@ -182,10 +182,10 @@ def sockets_of(process: psutil.Process, port: int) -> int:
 
 
 def test_with_two_web_processes_every_watcher_gets_every_event_and_a_revocation_reaches_all(two_web_processes):
-    server = two_web_processes
-    url, port = server.url, int(server.url.rsplit(":", 1)[1])
     """Each web process has its own fan-out and its own share of the sockets (the kernel spreads
     the connections over uvicorn's workers); a revocation is pushed to every process."""
+    server = two_web_processes
+    url, port = server.url, int(server.url.rsplit(":", 1)[1])
     from accounts.services import api_token_create, api_token_revoke
     from tests.live.conftest import ticket_from
 

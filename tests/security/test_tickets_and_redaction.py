@@ -23,7 +23,7 @@ from taskplatform.asgi import application
 from tests.conftest import make_user
 from tests.live.conftest import asgi_server, ticket_from, wait_until_serving
 from waits.models import Wait
-from waits.services import _fresh_token_fields, wake_token
+from waits.services import token_fields_fresh, wake_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,7 +78,7 @@ def test_the_server_log_holds_no_key_ticket_or_wake_token(transactional_db):
     key = api_token_create(user=owner, name="test")[1]
     with mock.patch("jobs.services.transitions.job_dispatch"):
         job = job_submit(kind="demo.noop", input={}, owner=owner)[0]
-    fields = _fresh_token_fields()
+    fields = token_fields_fresh()
     Wait.objects.create(job=job, key="generate", state=Wait.State.WAITING, **fields)
     wake = wake_token(fields["token_salt"])
     bad_wake = "B" * 43

@@ -44,6 +44,7 @@ from accounts.credentials import credentials_still_valid
 from jobs.broadcast import publish
 from jobs.fanout import LocalFanout, Push
 from jobs.models import Job
+from jobs.redis_clients import async_redis_client
 from jobs.selectors import jobs_visible_to
 
 logger = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class LiveStreams:
 
     def _client(self) -> aioredis.Redis:
         if self.redis is None:
-            self.redis = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+            self.redis = async_redis_client(socket_timeout=2, socket_connect_timeout=2)
         return self.redis
 
     async def admit(self, stream: Stream) -> str | None:

@@ -8,8 +8,10 @@ The web server and the Celery worker run with the very command lines `make run` 
 (`devtools.supervisor.build_services`), against DATABASE_URL and REDIS_URL (PostgreSQL and
 Redis for the figures in the README); `--server-workers N` adds uvicorn's `--workers N` to see
 the same with N web processes. The clients are websocket clients of their own, in
-`--client-procs` processes apart from the server, each authenticated by a session cookie of one
-of the bench's staff users (20 sockets per user, under the per-user cap of live streams).
+`--client-procs` processes apart from the server. Each socket connects as an API client does:
+it asks `POST /api/ws-tickets/` for a ticket with the API token of one of the bench's staff
+users (20 sockets per user, under the per-user cap of live streams), then connects with
+`?ticket=` (an API key never goes in a URL).
 
 Cases:
 
@@ -80,13 +82,12 @@ class Watcher(asyncio.Protocol):
     500 sockets does not delay its own later reads by parsing the earlier ones.
     """
 
-    def __init__(self, uri: str, cookie: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, uri: str, loop: asyncio.AbstractEventLoop) -> None:
         from websockets.client import ClientProtocol
         from websockets.uri import parse_uri
 
         self.ws = ClientProtocol(parse_uri(uri), max_size=None)
         self.request = self.ws.connect()
-        self.request.headers["Cookie"] = cookie
         self.opened = loop.create_future()  # the handshake answered: the feed follows from then on
         self.first_frame = loop.create_future()  # a job stream's snapshot
         self.frames: list[tuple[float, bytes]] = []
@@ -149,22 +150,32 @@ class Watcher(asyncio.Protocol):
 
 
 async def client_run(url: str, sockets: list[tuple[str, str]], connect_batch: int = 50) -> dict[str, Any]:
-    """Open one socket per (path, cookie), say `ready`, record until `stop` comes on stdin."""
+    """Open one socket per (path, API key), each with a ticket of its own, say `ready`, record
+    until `stop` comes on stdin."""
+    import httpx
+
     parts = urlsplit(url)
     loop = asyncio.get_running_loop()
     watchers: list[tuple[str, Watcher]] = []
+    api = httpx.AsyncClient(base_url=url.replace("ws://", "http://", 1), timeout=60,
+                            limits=httpx.Limits(max_connections=connect_batch))
 
-    async def open_one(path: str, cookie: str) -> tuple[str, Watcher]:
+    async def open_one(path: str, key: str) -> tuple[str, Watcher]:
+        answer = await api.post("/api/ws-tickets/", headers={"Authorization": f"Token {key}"})
+        if answer.status_code != 201:
+            raise BenchError(f"no ticket: {answer.status_code} {answer.text[:200]}")
+        ticket = answer.json()["ticket"]
         _, watcher = await loop.create_connection(
-            lambda: Watcher(f"{url}{path}", cookie, loop), parts.hostname, parts.port
+            lambda: Watcher(f"{url}{path}?ticket={ticket}", loop), parts.hostname, parts.port
         )
         await asyncio.wait_for(watcher.opened, 60)
         if path != FEED_PATH:  # a job's stream starts with its snapshot; the feed says nothing
             await asyncio.wait_for(watcher.first_frame, 60)
         return path, watcher
 
-    for start in range(0, len(sockets), connect_batch):
-        watchers += await asyncio.gather(*(open_one(*pair) for pair in sockets[start : start + connect_batch]))
+    async with api:
+        for start in range(0, len(sockets), connect_batch):
+            watchers += await asyncio.gather(*(open_one(*pair) for pair in sockets[start : start + connect_batch]))
     for _, watcher in watchers:
         watcher.deferred = True
 
@@ -241,7 +252,7 @@ def client_main(args: argparse.Namespace) -> None:
 
 
 class Clients:
-    """Sockets (path, cookie) spread over `procs` client processes; `ready()`, then `results()`."""
+    """Sockets (path, API key) spread over `procs` client processes; `ready()`, then `results()`."""
 
     def __init__(self, url: str, sockets: list[tuple[str, str]], procs: int) -> None:
         self.procs: list[subprocess.Popen] = []
@@ -417,21 +428,14 @@ def celery_worker(env: dict[str, str]) -> Process:
 # --- The cases ---------------------------------------------------------------------------------
 
 
-def session_cookies(users: list[Any], count: int) -> list[str]:
-    """`count` Cookie headers, SOCKETS_PER_USER per user: a session per user, as a browser has."""
-    from django.conf import settings
-    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
-    from django.contrib.sessions.backends.db import SessionStore
+def api_keys(users: list[Any], count: int) -> list[str]:
+    """`count` API keys, SOCKETS_PER_USER per user: a token per user, as an integration has."""
+    from accounts.services import api_token_create
 
-    cookies = []
+    keys = []
     for user in users[: max(1, -(-count // SOCKETS_PER_USER))]:
-        session = SessionStore()
-        session[SESSION_KEY] = str(user.pk)
-        session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
-        session[HASH_SESSION_KEY] = user.get_session_auth_hash()
-        session.create()
-        cookies += [f"{settings.SESSION_COOKIE_NAME}={session.session_key}"] * SOCKETS_PER_USER
-    return cookies[:count]
+        keys += [api_token_create(user=user, name="bench")[1]] * SOCKETS_PER_USER
+    return keys[:count]
 
 
 def bench_users(count: int) -> list[Any]:
@@ -478,7 +482,7 @@ def run_one_job(server: Process, workers: int, users: list[Any], watchers: int, 
     with mock.patch("jobs.services.transitions.job_dispatch"):  # held back until every watcher is there
         job, _ = job_submit(kind="demo.sleep", input=SLEEP_INPUT, owner=users[0])
     path = f"/ws/jobs/{job.pk}/"
-    clients = Clients(server.ws_url, [(path, cookie) for cookie in session_cookies(users, watchers)], procs)
+    clients = Clients(server.ws_url, [(path, key) for key in api_keys(users, watchers)], procs)
     try:
         clients.ready()
         cpu, started = server.cpu_seconds(), time.monotonic()
@@ -505,7 +509,7 @@ def run_feed(server: Process, workers: int, users: list[Any], watchers: int, pro
     from jobs.models import Job, JobEvent
     from jobs.services import job_submit
 
-    clients = Clients(server.ws_url, [(FEED_PATH, cookie) for cookie in session_cookies(users, watchers)], procs)
+    clients = Clients(server.ws_url, [(FEED_PATH, key) for key in api_keys(users, watchers)], procs)
     try:
         clients.ready()  # each feed socket has joined the feed before its handshake was answered
         cpu, started = server.cpu_seconds(), time.monotonic()
@@ -540,8 +544,8 @@ def run_spread(server: Process, workers: int, users: list[Any], clients_count: i
     with mock.patch("jobs.services.transitions.job_dispatch"):  # this process plays the worker
         contexts = [JobContext(job_claim(job_id=job_submit(kind="demo.noop", input={}, owner=users[0])[0].pk))
                     for _ in range(jobs)]
-    cookies = session_cookies(users, clients_count)
-    sockets = [(f"/ws/jobs/{contexts[index % jobs].job_id}/", cookie) for index, cookie in enumerate(cookies)]
+    keys = api_keys(users, clients_count)
+    sockets = [(f"/ws/jobs/{contexts[index % jobs].job_id}/", key) for index, key in enumerate(keys)]
     clients = Clients(server.ws_url, sockets, procs)
     try:
         clients.ready()

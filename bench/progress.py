@@ -350,11 +350,12 @@ def group_cpu_seconds(pgid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def shipped_argv(name: str, env: dict[str, str]) -> list[str]:
-    """The command line `make run` starts the service `name` with (`web`, `worker`, ...)."""
+def shipped(name: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment `make run` starts the service `name` with (`web`,
+    `worker`, ...): the worker, for one, runs without DEBUG."""
     from devtools.supervisor import build_services
 
-    return next(service.argv for service in build_services(env) if service.name == name)
+    return next((service.argv, service.env) for service in build_services(env) if service.name == name)
 
 
 class Process:
@@ -396,7 +397,7 @@ def web_server(env: dict[str, str], workers: int) -> Process:
     import httpx
 
     port = free_port()
-    argv = shipped_argv("web", {**env, "PORT": str(port), "HOST": "127.0.0.1"})
+    argv, env = shipped("web", {**env, "PORT": str(port), "HOST": "127.0.0.1"})
     if workers > 1:
         argv += ["--workers", str(workers)]
     server = Process(f"web-x{workers}", argv, env).start()
@@ -415,7 +416,7 @@ def web_server(env: dict[str, str], workers: int) -> Process:
 
 
 def celery_worker(env: dict[str, str]) -> Process:
-    worker = Process("worker", shipped_argv("worker", env), env).start()
+    worker = Process("worker", *shipped("worker", env)).start()
     deadline = time.monotonic() + 60
     while " ready." not in worker.log.read_text(errors="replace"):
         worker.alive()
@@ -667,7 +668,8 @@ def main() -> None:
 
     machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     header = (
-        f"{setup}; web and worker with `make run`'s command lines (DEBUG {settings.DEBUG}); clients in "
+        f"{setup}; web and worker with `make run`'s command lines and environments (the web's DEBUG "
+        f"{settings.DEBUG}, the worker's off); clients in "
         f"{args.client_procs} process(es), {SOCKETS_PER_USER} sockets per user; {machine}; load average at start "
         f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}; commit {git_commit()}"
     )

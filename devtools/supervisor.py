@@ -245,6 +245,14 @@ def build_services(env: dict[str, str]) -> list[Service]:
     worker = [celery, "-A", "taskplatform", "worker", "-l", "INFO"]
     if env.get("WORKER_CONCURRENCY"):
         worker += ["--concurrency", env["WORKER_CONCURRENCY"]]
+    # The debug pages are the web server's; Celery warns against DEBUG in its processes (Django
+    # then records every SQL statement), so they run without it.
+    background = {**env, "DJANGO_DEBUG": "false"}
+    # Flower switches the workers' task events on every few seconds unless told not to; it does
+    # so only when WORKER_TASK_EVENTS asks for them (settings: what they cost, what Flower shows
+    # without them).
+    task_events = env.get("WORKER_TASK_EVENTS", "").strip().lower() in {"1", "true", "yes", "on"}
+    flower_env = {**background, "FLOWER_ENABLE_EVENTS": env.get("FLOWER_ENABLE_EVENTS", str(task_events).lower())}
     return [
         Service(
             "web",
@@ -256,22 +264,22 @@ def build_services(env: dict[str, str]) -> list[Service]:
              "--timeout-graceful-shutdown", str(int(STOP_GRACE // 2))],
             env,
         ),
-        Service("worker", worker, env),
+        Service("worker", worker, background),
         # Beat's housekeeping on a slot of its own (settings.JOBS_PLATFORM_QUEUE, see taskplatform/celery.py).
         Service(
             "platform-worker",
             [celery, "-A", "taskplatform", "worker", "-l", "INFO", "-Q", "platform", "--concurrency", "1",
              "--hostname", "platform@%h"],
-            env,
+            background,
         ),
         # Beat sends the periodic passes while it holds the scheduler's lease (ops/scheduler.py);
         # it writes no schedule file.
-        Service("beat", [celery, "-A", "taskplatform", "beat", "-l", "INFO"], env),
+        Service("beat", [celery, "-A", "taskplatform", "beat", "-l", "INFO"], background),
         Service(
             "flower",
             [celery, "-A", "taskplatform", "flower", f"--port={flower_port}", f"--address={host}",
              f"--basic-auth={flower_auth}"],
-            env,
+            flower_env,
         ),
     ]
 

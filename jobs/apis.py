@@ -126,6 +126,8 @@ class JobViewSet(UUIDLookup, viewsets.GenericViewSet):
             owner=request.user,
             idempotency_key=body.validated_data.get("idempotency_key"),
         )
+        if created:  # a job made just now has no children yet: no query to say so
+            job._prefetched_objects_cache = {"children": []}
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     def retrieve(self, request: Request, pk: str) -> Response:

@@ -7,6 +7,11 @@ a lost message and never a slow one.
   broker's data). The marks live and die with the messages they vouch for.
 - **Message count.** The `jobs.run` messages waiting in the job queues plus those delivered to a
   worker and not acknowledged: the reconciler never lets it grow past the jobs that need one.
+- **Stranded deliveries.** A message a worker took and never acknowledged stays in the broker's
+  `unacked` hash until Redis's visibility timeout (more than an hour) gives it back. When the
+  worker was killed before it claimed the job, the job is `pending` with a valid mark: the
+  reconciler notes when it first saw each such delivery (by Redis's clock, so no host's clock
+  matters) and treats one still held a grace later as lost.
 - **The broker's epoch.** A key that only the reconciler writes: when it is gone, Redis lost its
   data (restarted empty, flushed), so every pending job's message is gone too and is re-sent at
   once rather than after the dispatch grace. Redis's `run_id` is kept in it for the logs.
@@ -16,10 +21,13 @@ Every function here is best effort: with Redis away it logs and answers as if no
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -53,14 +61,42 @@ def mark_key(job_id: Any) -> str:
     return f"{_prefix()}jobs:sent:{job_id}"
 
 
+# Marks held back to be written together (`dispatch_marks_together`), per thread.
+_held_marks = threading.local()
+
+
 def dispatch_mark(job_id: Any, *, countdown: float | None = None) -> None:
     """Record that `job_id`'s message was just published (it is on its way, maybe delayed by
     `countdown` seconds)."""
-    ttl = int(settings.JOBS_DISPATCH_MARK_TTL + (countdown or 0))
+    ttl = max(int(settings.JOBS_DISPATCH_MARK_TTL + (countdown or 0)), 1)
+    held = getattr(_held_marks, "marks", None)
+    if held is not None:
+        held.append((job_id, ttl))
+        return
     try:
-        _client().set(mark_key(job_id), "1", ex=max(ttl, 1))
+        _client().set(mark_key(job_id), "1", ex=ttl)
     except redis.RedisError as exc:
         logger.warning("could not mark the dispatch of job %s: %s", job_id, exc)
+
+
+@contextmanager
+def dispatch_marks_together() -> Iterator[None]:
+    """Inside, the dispatch marks are held and written in one pipeline at the end: a batch's
+    messages cost one round trip each instead of two. Use it only where the jobs already carry an
+    early mark (`dispatch_premark`) that covers them until then."""
+    _held_marks.marks = []
+    try:
+        yield
+    finally:
+        held, _held_marks.marks = _held_marks.marks, None
+        if held:
+            try:
+                with _client().pipeline(transaction=False) as pipe:
+                    for job_id, ttl in held:
+                        pipe.set(mark_key(job_id), "1", ex=ttl)
+                    pipe.execute()
+            except redis.RedisError as exc:
+                logger.warning("could not mark the dispatch of %d jobs: %s", len(held), exc)
 
 
 # A batch is published one message at a time after its commit: this long per job, at most.
@@ -127,7 +163,7 @@ def job_messages(*, delivered: bool = True) -> int:
             for step in steps:
                 pipe.llen(f"{prefix}{name}{sep}{step}" if step else f"{prefix}{name}")
         if delivered:
-            pipe.hvals(f"{prefix}{options.get('unacked_key', RedisChannel.unacked_key)}")
+            pipe.hvals(_unacked_key())
         results = pipe.execute()
     if not delivered:
         return sum(results)
@@ -139,6 +175,58 @@ def job_messages(*, delivered: bool = True) -> int:
         except (ValueError, KeyError, IndexError, TypeError):
             continue
     return sum(lengths) + taken
+
+
+def _unacked_key() -> str:
+    return f"{_prefix()}{_options().get('unacked_key', RedisChannel.unacked_key)}"
+
+
+def _held_job(raw: bytes) -> str | None:
+    """The job id of an unacknowledged delivery, if it is a `jobs.run` message."""
+    try:
+        message = json.loads(raw)[0]
+        if message["headers"]["task"] != "jobs.run":
+            return None
+        body = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        return str(json.loads(body)[0][0])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def dispatch_stranded(*, after: float) -> set[str]:
+    """The jobs whose `jobs.run` message a worker took and has held unacknowledged for more than
+    `after` seconds, counted from the first pass that saw it held (Redis's clock).
+
+    A live worker claims a job the moment its message arrives, so a `pending` job whose message
+    has been held that long was taken by a worker that died before the claim (kill -9, a lost
+    host). Its dispatch mark is still there and the broker gives the message back only after the
+    visibility timeout: the reconciler sends the job again instead (the old message, if ever
+    given back, finds the job taken and is dropped). A job whose message a busy worker holds
+    with a due countdown is sent once more too, which only lets another worker start it.
+
+    Call it from one place at a time (the reconciler's pass holds its lock)."""
+    client = _client()
+    seen_key = f"{_prefix()}jobs:unacked-seen"
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hgetall(_unacked_key())
+        pipe.hgetall(seen_key)
+        pipe.time()
+        unacked, seen_raw, (seconds, micros) = pipe.execute()
+    now = seconds + micros / 1e6
+    held = {tag: job_id for tag, raw in unacked.items() if (job_id := _held_job(raw)) is not None}
+    seen = {tag: float(value) for tag, value in seen_raw.items()}
+    new = {tag: now for tag in held if tag not in seen}
+    gone = [tag for tag in seen if tag not in held]
+    if new or gone:
+        with client.pipeline(transaction=False) as pipe:
+            if new:
+                pipe.hset(seen_key, mapping=new)
+            if gone:
+                pipe.hdel(seen_key, *gone)
+            pipe.execute()
+    return {job_id for tag, job_id in held.items() if tag in seen and now - seen[tag] > after}
 
 
 def broker_lost_its_data() -> bool:

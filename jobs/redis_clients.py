@@ -14,6 +14,8 @@ in the query is the Sentinels' own, when they have one.
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -133,21 +135,36 @@ def channel_layer_host(url: str, **options: Any) -> dict[str, Any]:
     return host
 
 
+# The cache's connection pools, one per process, server and options. Django keeps a cache object
+# per asyncio context, and so, under ASGI, per request: with pools of its own, every request
+# would open a new connection to Redis (a TCP handshake and a HELLO before its one INCR).
+_cache_pools: dict[tuple[int, str, str], Any] = {}
+_cache_pools_lock = threading.Lock()
+
+
 class SentinelAwareCacheClient(RedisCacheClient):
-    """Django's Redis cache client, whose pool asks the Sentinels for the master when LOCATION is
-    a sentinel:// URL (Django's own client takes plain URLs only)."""
+    """Django's Redis cache client, with one connection pool per process shared by every cache
+    object, whose pool asks the Sentinels for the master when LOCATION is a sentinel:// URL
+    (Django's own client takes plain URLs only)."""
 
     def _get_connection_pool(self, write: bool) -> Any:
-        index = self._get_connection_pool_index(write)
-        if index not in self._pools:
-            target = sentinel_target(self._servers[index])
-            if target is None:
-                return super()._get_connection_pool(write)
-            self._pools[index] = SentinelConnectionPool(
-                target.master_name, _sentinel(target), db=target.db, password=target.password,
-                **self._pool_options,
-            )
-        return self._pools[index]
+        server = self._servers[self._get_connection_pool_index(write)]
+        key = (os.getpid(), server, repr(sorted(self._pool_options.items())))
+        pool = _cache_pools.get(key)
+        if pool is None:
+            with _cache_pools_lock:
+                pool = _cache_pools.get(key)
+                if pool is None:
+                    target = sentinel_target(server)
+                    if target is None:
+                        pool = self._pool_class.from_url(server, **self._pool_options)
+                    else:
+                        pool = SentinelConnectionPool(
+                            target.master_name, _sentinel(target), db=target.db, password=target.password,
+                            **self._pool_options,
+                        )
+                    _cache_pools[key] = pool
+        return pool
 
 
 class SentinelAwareRedisCache(RedisCache):

@@ -36,7 +36,14 @@ def flower_task_url(task_id: str) -> str:
 
 def job_flower_links(job: Any) -> str:
     """The job's Celery tasks (one per run) and all tasks of its kind, in Flower: on the job's admin
-    page (registered with `jobs.extensions.job_admin_link`)."""
+    page (registered with `jobs.extensions.job_admin_link`). Flower knows tasks only from the
+    workers' task events: without them (WORKER_TASK_EVENTS off, the default) the link is to the
+    workers, and says how to see the tasks."""
+    if not settings.WORKER_TASK_EVENTS:
+        return format_html(
+            'in Flower: <a href="{}">the workers</a> (its task list needs WORKER_TASK_EVENTS=true)',
+            f"{settings.FLOWER_URL}/workers",
+        )
     task_id = getattr(job, "task_id", "")  # the Celery task of its latest run, when recorded
     latest = format_html(' · <a href="{}">its latest run</a>', flower_task_url(task_id)) if task_id else ""
     return format_html(

@@ -7,6 +7,7 @@ import json
 import os
 
 from django.core.asgi import get_asgi_application
+from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.production")
 # Sync views run in threads here: share a pool of PostgreSQL connections between them
@@ -21,6 +22,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from accounts.websocket import TicketAuthMiddleware, origin_checked  # noqa: E402
 from jobs.wire import RawSendInScope  # noqa: E402
 from ops.logging import server_logs_redact  # noqa: E402
+from taskplatform.http import ThreadedWSGI, http_router  # noqa: E402
 from taskplatform.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -53,7 +55,12 @@ server_logs_redact()
 # of ALLOWED_HOSTS. The server's own `send` is kept in the scope for the live fan-out (jobs.wire).
 application = ProtocolTypeRouter(
     {
-        "http": body_size_limited(django_asgi_app),
+        # Sync views through the WSGI handler in threads (one hand-off per request); the SSE stream,
+        # an async view, through Django's ASGI handler (taskplatform/http.py).
+        "http": body_size_limited(http_router(
+            ThreadedWSGI(get_wsgi_application(), threads=int(os.environ.get("WEB_THREADS", "8"))),
+            django_asgi_app,
+        )),
         "websocket": RawSendInScope(
             origin_checked(AuthMiddlewareStack(TicketAuthMiddleware(URLRouter(websocket_urlpatterns))))
         ),

@@ -2,6 +2,7 @@
 
 import functools
 import os
+import time
 
 from celery import Celery, signals
 
@@ -13,14 +14,34 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+# A connection that finished a task this recently is taken as alive for the next one; one idle
+# longer is checked (CONN_HEALTH_CHECKS: a `SELECT 1`) before the task uses it. Back to back,
+# the check was a third of a no-op job's round trips to PostgreSQL (bench/README.md). A restart
+# of PostgreSQL inside this window fails the next task's first statement instead: the claim is
+# atomic, so the message is retried (jobs.tasks) and the broken connection replaced after it.
+CONNECTION_TRUSTED_SECONDS = 2.0
+_connections_last_used = [float("-inf")]
+
+
 @signals.task_prerun.connect
-@signals.task_postrun.connect
-def _close_old_connections(**kwargs) -> None:
+def _connections_before_task(**kwargs) -> None:
     # With CELERY_DB_REUSE_MAX the fix-up keeps connections; do what Django does around a
     # request instead: drop a connection that broke or outlived CONN_MAX_AGE.
+    from django.db import close_old_connections, connections
+
+    close_old_connections()
+    if time.monotonic() - _connections_last_used[0] < CONNECTION_TRUSTED_SECONDS:
+        for connection in connections.all(initialized_only=True):
+            if connection.connection is not None and not connection.errors_occurred:
+                connection.health_check_done = True
+
+
+@signals.task_postrun.connect
+def _connections_after_task(**kwargs) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+    _connections_last_used[0] = time.monotonic()
 
 
 @functools.cache

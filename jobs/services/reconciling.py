@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.broker import broker_lost_its_data, dispatch_marked, job_messages
+from jobs.broker import broker_lost_its_data, dispatch_marked, dispatch_stranded, job_messages
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
@@ -31,8 +31,11 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
     publish, the broker down at the time), or one the broker lost with its data (Redis restarted
     empty). A job pending for `grace` seconds whose dispatch is not marked in the broker
     (`jobs.broker`) is re-sent; one whose message still waits behind busy workers is left alone,
-    so a long queue never grows by itself. When the broker has lost its data (its epoch key is
-    gone), every pending job's message is gone: they are re-sent at once, without the grace.
+    so a long queue never grows by itself. A mark does not cover a message that a worker took and
+    died holding before it claimed the job (`dispatch_stranded`): such a job is re-sent a grace
+    after the pass that first saw it held, not when the broker's visibility timeout ends. When
+    the broker has lost its data (its epoch key is gone), every pending job's message is gone:
+    they are re-sent at once, without the grace.
     Either way no more are sent than the queue is short of (pending jobs that may run now, less
     the `jobs.run` messages waiting in the queues): with at least as many waiting, a re-sent
     message would only queue behind them, so it waits until they drain. Returns how many were
@@ -55,6 +58,7 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
     if not lost_everything:  # a job in its back-off has a delayed message: judged once it is due
         candidates = candidates.filter(Q(run_after__isnull=True) | Q(run_after__lt=cutoff))
     candidates = candidates.order_by("updated_at", "pk").only("pk", "kind", "updated_at", "run_after")
+    stranded = set() if lost_everything else dispatch_stranded(after=grace)
     sent = 0
     budget = min(short, limit)
     after: tuple | None = None
@@ -67,7 +71,7 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
         after = (chunk[-1].updated_at, chunk[-1].pk)
         marked = dispatch_marked(job.pk for job in chunk)
         for job in chunk:
-            if job.pk in marked:
+            if job.pk in marked and str(job.pk) not in stranded:
                 continue
             # Touch the row first (only if nobody else did), so two reconcilers never both send.
             if Job.objects.filter(pk=job.pk, status=Status.PENDING, updated_at=job.updated_at).update(updated_at=now):

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from jobs.broker import dispatch_premark
+from jobs.broker import dispatch_marks_together, dispatch_premark
 from jobs.errors import IdempotencyConflict, InvalidInput, UnknownKind
 from jobs.events import event_record, events_record_first
 from jobs.models import Job
@@ -19,6 +20,7 @@ from jobs.registry import kind_get
 from jobs.services import transitions
 
 Status = Job.Status
+logger = logging.getLogger(__name__)
 
 
 def request_digest(*, kind: str, input: Any) -> str:
@@ -96,9 +98,20 @@ def jobs_submit_many(*, kind: str, inputs: list[dict[str, Any]], owner: Any = No
         )
         events_record_first(jobs=jobs)
         dispatch_premark([job.pk for job in jobs])  # their messages go out one by one after the commit
-        for job in jobs:
-            transaction.on_commit(partial(transitions.job_dispatch, job=job), robust=True)
+        transaction.on_commit(partial(_dispatch_all, jobs))
     return jobs
+
+
+def _dispatch_all(jobs: list[Job]) -> None:
+    """Send a committed batch's messages, each job on its own (one that fails is logged and the
+    rest go on; the reconciler re-sends it once its early mark expires), their lasting marks in
+    one round trip at the end."""
+    with dispatch_marks_together():
+        for job in jobs:
+            try:
+                transitions.job_dispatch(job=job)
+            except Exception:
+                logger.exception("job %s: its message could not be sent (the reconciler will)", job.pk)
 
 
 def attempt_budget(kind: str) -> int:

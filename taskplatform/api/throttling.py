@@ -61,12 +61,14 @@ class TokenRateThrottle(SimpleRateThrottle):
         return count <= self.num_requests
 
     def _count(self, key: str) -> int:
-        try:
-            return cache.incr(key)
-        except ValueError:  # first request of the window
-            if cache.add(key, 1, timeout=self.duration + 1):
-                return 1
-            return cache.incr(key)  # another process made it first
+        """This window's count after this request: one round trip (a pipeline that creates the
+        key with its expiry if it is new, then adds one), atomic across processes."""
+        redis_key = cache.make_and_validate_key(key)
+        client = cache._cache.get_client(redis_key, write=True)
+        with client.pipeline(transaction=False) as pipe:
+            pipe.set(redis_key, 0, ex=int(self.duration) + 1, nx=True)
+            pipe.incr(redis_key)
+            return int(pipe.execute()[1])
 
     def wait(self) -> float:
         return max(self.window_ends - time.time(), 1.0)

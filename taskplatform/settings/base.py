@@ -215,6 +215,8 @@ JOBS_RETRY_BACKOFF_MAX = env.float("JOBS_RETRY_BACKOFF_MAX", default=300.0)
 JOBS_DISPATCH_GRACE = env.float("JOBS_DISPATCH_GRACE", default=30.0)
 # How long the broker vouches for a dispatched message (its mark expires after this many
 # seconds): past it a job still pending may be sent once more.
+# A message that a worker took and died holding before it claimed its job is not covered by
+# the mark: it is sent again a grace after the reconciler first sees it held.
 JOBS_DISPATCH_MARK_TTL = env.float("JOBS_DISPATCH_MARK_TTL", default=3600.0)
 JOBS_RECONCILE_INTERVAL = env.float("JOBS_RECONCILE_INTERVAL", default=10.0)
 # Hard ceiling on one run of a job; a kind may ask for less.
@@ -258,10 +260,17 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # job in a busy process while an idle worker elsewhere could run them.
 # https://docs.celeryq.dev/en/stable/userguide/optimizing.html#prefetch-limits
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# Task events for Flower's live views.
+# Per-task events (sent, received, started, succeeded, …) feed Flower's task list and the admin's
+# links into it. Each job's run costs four more Redis publishes and Flower's CPU to follow them
+# (bench/README.md, "The shipped configuration"), so they are off unless WORKER_TASK_EVENTS=true.
+# Flower stays useful without them: workers, their heartbeats, and what `inspect` asks each
+# worker (active and reserved tasks, pool, queues); the jobs themselves are on /ops/ and in the
+# admin. Flower must then not switch them back on (FLOWER_ENABLE_EVENTS, set by make run and
+# the compose file from WORKER_TASK_EVENTS).
 # https://docs.celeryq.dev/en/stable/userguide/monitoring.html#events
-CELERY_WORKER_SEND_TASK_EVENTS = True
-CELERY_TASK_SEND_SENT_EVENT = True
+WORKER_TASK_EVENTS = env.bool("WORKER_TASK_EVENTS", default=False)
+CELERY_WORKER_SEND_TASK_EVENTS = WORKER_TASK_EVENTS
+CELERY_TASK_SEND_SENT_EVENT = WORKER_TASK_EVENTS
 # Time limits: the soft limit raises inside the job (which records a `timeout` error), the
 # hard limit kills the process if the job ignores it.
 CELERY_TASK_SOFT_TIME_LIMIT = JOBS_TIME_LIMIT

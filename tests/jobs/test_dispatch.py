@@ -5,6 +5,7 @@ its back-off ends, and a broker that lost its data gets every pending job's mess
 from __future__ import annotations
 
 import json
+import sys
 import time
 from datetime import timedelta
 from unittest import mock
@@ -17,7 +18,7 @@ from django.utils import timezone
 from jobs.models import Job
 from jobs.runner import job_execute
 from jobs.services import job_submit, jobs_redispatch_stale, jobs_submit_many
-from tests.support.processes import celery_worker, wait_until
+from tests.support.processes import ManagedProcess, celery_worker, child_env, wait_until
 
 S = Job.Status
 
@@ -110,3 +111,48 @@ def test_a_broker_that_lost_its_data_gets_every_pending_message_at_once(django_c
     with mock.patch("jobs.services.transitions.job_dispatch") as dispatch:
         assert jobs_redispatch_stale(grace=120) == 3  # at once, not after the grace
     assert {call.kwargs["job"].pk for call in dispatch.call_args_list} == {job.pk for job in jobs}
+
+
+# A consumer that takes one `jobs.run` message and holds it unacknowledged, as a worker does
+# between receiving a message and claiming its job; the test kills it there with SIGKILL.
+TAKE_AND_HOLD = """
+import django, time
+django.setup()
+from taskplatform.celery import app
+with app.connection_for_read() as connection:
+    queue = connection.SimpleQueue("jobs", no_ack=False)
+    message = queue.get(block=True, timeout=20)
+    print("holding", message.headers["task"], flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_message_held_by_a_killed_worker_is_sent_again_after_the_grace_not_the_visibility_timeout(
+    only_own_workers, settings
+):
+    grace = settings.JOBS_DISPATCH_GRACE = 1.0
+    forget_every_message()
+    jobs_redispatch_stale(grace=grace)  # the broker is known: no "lost its data" pass below
+    holder = ManagedProcess("holder", [sys.executable, "-c", TAKE_AND_HOLD], child_env(),
+                            ready_marker="holding jobs.run")
+    worker = None
+    try:
+        job, _ = job_submit(kind="demo.noop", input={})  # committed: its message and mark go out
+        holder.start(timeout=30)
+        holder.kill()  # died with the message taken and the job not claimed
+        assert job_messages() == 1  # the message is in the broker's unacked hash, with its mark
+        Job.objects.filter(pk=job.pk).update(updated_at=timezone.now() - timedelta(seconds=5))
+        assert jobs_redispatch_stale(grace=grace) == 0  # first seen held: not yet judged
+        time.sleep(grace + 0.2)
+        assert jobs_redispatch_stale(grace=grace) == 1  # held past the grace: sent again
+        assert jobs_redispatch_stale(grace=grace) == 0  # once
+        worker = celery_worker(name="after", concurrency=1).start()
+        wait_until(lambda: Job.objects.get(pk=job.pk).status == S.COMPLETED, timeout=30,
+                   message="the job whose message the killed worker held did not complete")
+    finally:
+        holder.kill()
+        if worker:
+            worker.kill()
+        forget_every_message()

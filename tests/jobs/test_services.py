@@ -4,6 +4,7 @@ called in-process, and on_commit callbacks are captured where a dispatch matters
 import re
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -155,7 +156,10 @@ def test_submit_many_creates_every_job_with_its_first_event_and_dispatches_after
     for job in Job.objects.filter(pk__in=[job.pk for job in jobs]):
         assert job.status == S.PENDING and job.owner == submitter and job.event_seq == 1 and job.max_attempts == 3
         assert [(e.seq, e.type, e.status) for e in job.events.all()] == [(1, "status", "pending")]
-    assert len(dispatches(callbacks)) == 3
+    [send_all] = dispatches(callbacks)  # one callback sends the batch, each job on its own
+    with mock.patch("jobs.services.transitions.job_dispatch") as dispatch:
+        send_all()
+    assert [call.kwargs["job"].pk for call in dispatch.call_args_list] == [job.pk for job in jobs]
 
 
 def test_submit_many_is_all_or_nothing_and_names_the_bad_input():

@@ -20,7 +20,7 @@ from jobs.models import Job
 from jobs.services import job_submit
 from ops.flower import flower_tasks_url
 from tests.conftest import make_user
-from tests.support.processes import ManagedProcess, child_env, wait_until
+from tests.support.processes import ManagedProcess, celery_worker, child_env, wait_until
 
 FLOWER = "http://flower.example:5555"
 
@@ -43,6 +43,7 @@ def flower_initial_search(url: str) -> str:
 @pytest.mark.django_db
 def test_the_job_page_in_the_admin_links_to_its_tasks_and_its_kinds_in_flower(client, settings):
     settings.FLOWER_URL = FLOWER
+    settings.WORKER_TASK_EVENTS = True
     client.force_login(make_user("boss", superuser=True))
     job, _ = job_submit(kind="demo.noop", input={})
     page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
@@ -53,6 +54,17 @@ def test_the_job_page_in_the_admin_links_to_its_tasks_and_its_kinds_in_flower(cl
         Job.objects.filter(pk=job.pk).update(task_id="3f1e0c2a-task")
         page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
         assert f'href="{FLOWER}/task/3f1e0c2a-task"' in page
+
+
+@pytest.mark.django_db
+def test_without_task_events_the_job_page_links_to_flowers_workers(client, settings):
+    settings.FLOWER_URL = FLOWER
+    settings.WORKER_TASK_EVENTS = False
+    client.force_login(make_user("boss", superuser=True))
+    job, _ = job_submit(kind="demo.noop", input={})
+    page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert f'href="{FLOWER}/workers"' in page and "WORKER_TASK_EVENTS=true" in page
+    assert f"{FLOWER}/tasks" not in page
 
 
 def test_flowers_search_reads_the_link_as_this_kind_and_this_job():
@@ -76,9 +88,10 @@ def test_flowers_search_reads_the_link_as_this_kind_and_this_job():
 
 @pytest.fixture
 def flower():
-    """A real Flower on this test run's broker (no login), following the live worker's events."""
+    """A real Flower on this test run's broker (no login), as make run starts it: it leaves the
+    workers' task events as their settings say (FLOWER_ENABLE_EVENTS=false)."""
     port = free_port()
-    env = child_env()
+    env = child_env(FLOWER_ENABLE_EVENTS="false")
     env.pop("FLOWER_BASIC_AUTH", None)
     celery = str(Path(sys.executable).parent / "celery")
     process = ManagedProcess("flower", [celery, "-A", "taskplatform", "flower", f"--port={port}",
@@ -109,8 +122,33 @@ def flower_tasks(flower: str, search: str) -> list[dict]:
 
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
-def test_a_running_flower_finds_the_jobs_task_through_the_link(worker, flower, settings):
+def test_a_running_flower_finds_the_jobs_task_through_the_link(only_own_workers, flower, settings):
     settings.FLOWER_URL = flower
+    worker = celery_worker(name="events", env={"WORKER_TASK_EVENTS": "true"}).start()
+    try:
+        _find_the_jobs_task(flower)
+    finally:
+        worker.stop()
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_without_task_events_flower_shows_the_worker_and_no_task(only_own_workers, flower, settings):
+    """The shipped default: workers send no per-task events and Flower does not switch them on;
+    Flower still lists the worker (its heartbeats), and the admin links to the workers."""
+    worker = celery_worker(name="quiet").start()
+    try:
+        job, _ = job_submit(kind="demo.noop", input={})
+        wait_until(lambda: Job.objects.get(pk=job.pk).status == Job.Status.COMPLETED, timeout=30)
+        wait_until(lambda: "quiet-" in httpx.get(f"{flower}/workers", timeout=5).text, timeout=20,
+                   message="Flower never listed the worker")
+        time.sleep(2)  # a task event, had one been sent, would be in by now
+        assert flower_tasks(flower, "") == []
+    finally:
+        worker.stop()
+
+
+def _find_the_jobs_task(flower: str) -> None:
     for _ in range(3):  # Flower follows events live: a job run before it listened is not there
         job, _ = job_submit(kind="demo.noop", input={})
         wait_until(lambda: Job.objects.get(pk=job.pk).status == Job.Status.COMPLETED, timeout=30)  # noqa: B023

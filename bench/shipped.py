@@ -1,0 +1,561 @@
+"""The shipped configuration under load: `make run`'s processes against PostgreSQL and Redis, with
+bare Celery measured beside it in the same run.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_shipped REDIS_URL=redis://127.0.0.1:6379/8 \\
+        .venv/bin/python bench/shipped.py
+
+It starts the platform exactly as `make run` does (`python -m devtools.supervisor` with the
+development settings: web, worker, platform worker, beat, Flower), on a database of its own that
+it creates and drops, and a Redis database it flushes. Then, one phase after another:
+
+1. **bare** — a plain Celery app (no Django; late acks, prefetch 1, the worker's concurrency),
+   its worker started beside the platform, N no-op tasks until a Redis counter says all ran.
+2. **platform** — `manage.py submit demo.noop --count N`, as a user types it, timed until the
+   database says all N jobs are `completed`.
+3. **api** — 8 clients (a separate process) POST `/api/jobs/` with a token for `--api-seconds`,
+   while the workers run the jobs they submit: requests/s, p50, p99.
+4. **answer→processing** — `demo.review` jobs paused on their question; each is answered with
+   `POST /api/questions/{id}/answer/` and timed until its `processing` event exists.
+5. **wake→running** — `demo.generate` jobs parked with `drop_callback`; each wake callback is
+   POSTed and timed until its `processing` event exists.
+
+The total RSS of the platform's processes is taken idle and at the end of the platform phase.
+`--scale` repeats the throughput at 1, 2 and 4 worker processes and the API figure at 1, 2 and 4
+web processes (WORKER_CONCURRENCY and WEB_CONCURRENCY, as a user sets them). Figures are printed
+and written to bench/results/shipped-*.json and shipped-latest.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(BASE_DIR))
+VENV_BIN = Path(sys.executable).parent
+RESULTS_DIR = BASE_DIR / "bench" / "results"
+AIMS = {"ratio": 0.6, "api_per_second": 300, "api_p99_ms": 50, "answer_p50_ms": 15, "answer_p99_ms": 40,
+        "wake_p99_ms": 40}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def summary_ms(values: list[float]) -> dict[str, float]:
+    return {"n": len(values), "p50": round(statistics.median(values), 1), "p99": round(percentile(values, 0.99), 1),
+            "max": round(max(values), 1)}
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise SystemExit(f"bench: {what} did not happen within {timeout:g} s")
+
+
+# --- The platform as `make run` starts it ------------------------------------------------------------
+
+
+class Platform:
+    """`python -m devtools.supervisor` (what `make run` execs), its output in var/bench-shipped.log."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.url = f"http://127.0.0.1:{env['PORT']}"
+        self.proc: subprocess.Popen | None = None
+        self.log_path = BASE_DIR / "var" / "bench-shipped.log"
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "devtools.supervisor"], cwd=BASE_DIR, env=self.env,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        import httpx
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"bench: make run's supervisor exited; see {self.log_path}")
+            try:
+                return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        wait_for(ready, 120, "the platform's /readyz answering 200", interval=0.5)
+        time.sleep(3)  # let the workers finish starting (readyz needs one consuming worker)
+
+    def rss_mb(self) -> float:
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        total = 0
+        for process in [root, *root.children(recursive=True)]:
+            try:
+                total += process.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        return round(total / 2**20, 1)
+
+    def cpu_by_service(self) -> dict[str, float]:
+        """CPU seconds so far of each service (its process and children), by its command line."""
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        times = root.cpu_times()
+        found: dict[str, float] = {"supervisor": times.user + times.system}
+        for child in root.children(recursive=False):
+            try:
+                argv = child.cmdline()
+                name = service_name(argv)
+                times = [child.cpu_times(), *[c.cpu_times() for c in child.children(recursive=True)]]
+                found[name] = found.get(name, 0.0) + sum(t.user + t.system for t in times)
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
+    def service_pid(self, name: str) -> int | None:
+        import psutil
+
+        for child in psutil.Process(self.proc.pid).children(recursive=False):
+            try:
+                if service_name(child.cmdline()) == name:
+                    return child.pid
+            except psutil.NoSuchProcess:
+                continue
+        return None
+
+    def stop(self) -> None:
+        """SIGTERM to the supervisor (as Ctrl-C to make run), then SIGKILL to whatever of its tree
+        is left: every service runs in a process group of its own."""
+        import psutil
+
+        if self.proc is None:
+            return
+        try:
+            tree = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for process in tree:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                continue
+
+
+def service_name(argv: list[str]) -> str:
+    joined = " ".join(argv)
+    if "uvicorn" in joined or "gunicorn" in joined:
+        return "web"
+    if " flower" in joined:
+        return "flower"
+    if " beat" in joined:
+        return "beat"
+    if "-Q platform" in joined:
+        return "platform-worker"
+    if " worker" in joined:
+        return "worker"
+    return Path(argv[0]).name if argv else "?"
+
+
+class Profile:
+    """py-spy sampling one service (and its children) for `seconds`, as collapsed stacks: only the
+    threads holding the GIL, so the shares are of the Python CPU time, not of the waits."""
+
+    def __init__(self, shipped: Platform, service: str, seconds: float, out_dir: Path | None) -> None:
+        self.proc = None
+        self.path = None
+        pid = shipped.service_pid(service) if out_dir else None
+        py_spy = VENV_BIN / "py-spy"
+        if pid is None or not py_spy.exists():
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = out_dir / f"{service}.txt"
+        self.proc = subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
+                                      "--rate", "200", "--gil", "--duration", str(int(seconds)), "--format", "raw",
+                                      "--output", str(self.path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def top(self, count: int = 25) -> list[tuple[str, float]]:
+        """The frames most often on the stack (inclusive), as shares of the samples."""
+        if self.proc is None:
+            return []
+        self.proc.wait(timeout=120)
+        totals: dict[str, int] = {}
+        samples = 0
+        for line in self.path.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            samples += int(n)
+            for frame in {f.split(" (")[0] + " (" + f.rsplit("/", 1)[-1].split(":")[0] if " (" in f else f
+                          for f in stack.split(";")[1:]}:
+                totals[frame] = totals.get(frame, 0) + int(n)
+        ranked = sorted(totals.items(), key=lambda item: -item[1])[:count]
+        return [(frame, round(n / max(samples, 1), 3)) for frame, n in ranked]
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: round(after.get(name, 0.0) - before.get(name, 0.0), 2) for name in sorted(after)}
+
+
+# --- Phases ------------------------------------------------------------------------------------------
+
+
+def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
+    """N no-op tasks of a plain Celery app, on a worker with the platform worker's settings."""
+    import redis
+
+    env = {**os.environ, "BARE_CELERY_BROKER": redis_url, "PYTHONPATH": str(BASE_DIR)}
+    worker = subprocess.Popen(
+        [str(VENV_BIN / "celery"), "-A", "bench.bare_celery", "worker", "-l", "WARNING", "-c", str(concurrency),
+         "-Q", "bare", "--without-mingle", "--without-gossip", "--pool", "prefork"],
+        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        from bench import bare_celery
+
+        bare_celery.app.conf.broker_url = redis_url
+        client = redis.Redis.from_url(redis_url)
+        key = f"bench:bare:{uuid.uuid4().hex[:8]}"
+        bare_celery.noop.apply_async(args=[key + ":warm"], queue="bare")
+        wait_for(lambda: client.get(key + ":warm"), 60, "the bare worker's first task")
+        started = time.perf_counter()
+        for _ in range(count):
+            bare_celery.noop.apply_async(args=[key], queue="bare")
+        enqueued = time.perf_counter() - started
+        wait_for(lambda: int(client.get(key) or 0) >= count, 600, f"{count} bare tasks", interval=0.02)
+        seconds = time.perf_counter() - started
+        client.delete(key, key + ":warm")
+        return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
+                "enqueue_seconds": round(enqueued, 3)}
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+
+
+def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = None) -> dict[str, Any]:
+    """`manage.py submit demo.noop --count N`, until the database says all are completed."""
+    from jobs.models import Job
+
+    profile = Profile(shipped, "worker", max(5.0, count / 400), profile_dir)
+    since = datetime.now(UTC)
+    cpu_before = shipped.cpu_by_service()
+    started = time.perf_counter()
+    submit = subprocess.run([sys.executable, "manage.py", "submit", "demo.noop", "--count", str(count)],
+                            cwd=BASE_DIR, env=shipped.env, capture_output=True, text=True)
+    if submit.returncode:
+        raise SystemExit(f"bench: manage.py submit failed: {submit.stderr[-2000:]}")
+    submitted = time.perf_counter() - started
+    ids = submit.stdout.split()
+    rss_peak = shipped.rss_mb()
+
+    def done() -> bool:
+        nonlocal rss_peak
+        rss_peak = max(rss_peak, shipped.rss_mb())
+        finished = Job.objects.filter(created_at__gte=since, kind="demo.noop", status__in=["completed", "failed"])
+        return finished.count() >= len(ids)
+
+    wait_for(done, 900, f"{count} platform jobs", interval=0.25)
+    seconds = time.perf_counter() - started
+    failed = Job.objects.filter(created_at__gte=since, kind="demo.noop", status="failed").count()
+    return {"count": len(ids), "seconds": round(seconds, 3), "per_second": round(len(ids) / seconds, 1),
+            "submit_seconds": round(submitted, 3), "failed": failed, "rss_under_load_mb": rss_peak,
+            "cpu_seconds": cpu_delta(cpu_before, shipped.cpu_by_service()), "profile_worker": profile.top()}
+
+
+async def api_clients(url: str, token: str, seconds: float, clients: int) -> dict[str, Any]:
+    import httpx
+
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30,
+                                 headers={"Authorization": f"Token {token}"}) as client:
+        async def one() -> None:
+            while time.perf_counter() < deadline:
+                sent = time.perf_counter()
+                try:
+                    response = await client.post("/api/jobs/", json={"kind": "demo.noop", "input": {}})
+                    status = str(response.status_code)
+                except httpx.HTTPError as exc:
+                    status = type(exc).__name__
+                if status == "201":
+                    latencies.append((time.perf_counter() - sent) * 1000)
+                else:
+                    errors[status] = errors.get(status, 0) + 1
+
+        began = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(clients)))
+        elapsed = time.perf_counter() - began
+    return {"requests": len(latencies), "seconds": round(elapsed, 2),
+            "per_second": round(len(latencies) / elapsed, 1), **summary_ms(latencies), "errors": errors}
+
+
+def api_phase(shipped: Platform, token: str, seconds: float, clients: int,
+              profile_dir: Path | None = None) -> dict[str, Any]:
+    """The clients in a process of their own: their CPU is not the server's GIL."""
+    cpu_before = shipped.cpu_by_service()
+    profile = Profile(shipped, "web", seconds * 0.8, profile_dir)
+    out = subprocess.run([sys.executable, __file__, "--api-client", shipped.url, token, str(seconds), str(clients)],
+                         cwd=BASE_DIR, capture_output=True, text=True, env=shipped.env)
+    if out.returncode:
+        raise SystemExit(f"bench: the API clients failed: {out.stderr[-2000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["cpu_seconds"] = cpu_delta(cpu_before, shipped.cpu_by_service())
+    result["profile_web"] = profile.top()
+    return result
+
+
+def processing_after(job_id: Any, sent: datetime) -> float:
+    from jobs.models import JobEvent
+
+    event = wait_for(lambda: JobEvent.objects.filter(job_id=job_id, type="status", status="processing",
+                                                     created_at__gt=sent).first(), 30, "a job's processing event",
+                     interval=0.002)
+    return (event.created_at - sent).total_seconds() * 1000
+
+
+def answer_phase(shipped: Platform, token: str, jobs: int) -> dict[str, Any]:
+    """Answer paused `demo.review` jobs one at a time; answer POST → `processing` event."""
+    import httpx
+
+    from approvals.models import Question
+    from jobs.services import job_submit
+
+    ids = [job_submit(kind="demo.review", input={"document": f"bench {i}"})[0].pk for i in range(jobs)]
+    wait_for(lambda: Question.objects.filter(job_id__in=ids, status="open").count() == len(ids), 120,
+             "the review jobs pausing on their questions", interval=0.2)
+    latencies = []
+    with httpx.Client(base_url=shipped.url, timeout=10, headers={"Authorization": f"Token {token}"}) as client:
+        for question in Question.objects.filter(job_id__in=ids, status="open"):
+            time.sleep(0.05)  # one at a time, as reviewers do
+            sent = datetime.now(UTC)
+            response = client.post(f"/api/questions/{question.pk}/answer/", json={"answer": {"approved": True}})
+            if response.status_code != 200:
+                raise SystemExit(f"bench: answer refused: {response.status_code} {response.text[:300]}")
+            latencies.append(processing_after(question.job_id, sent))
+    return summary_ms(latencies)
+
+
+def wake_phase(shipped: Platform, jobs: int) -> dict[str, Any]:
+    """Wake parked `demo.generate` jobs one at a time; callback POST → `processing` event."""
+    import httpx
+
+    from demo.simulator import generation_get
+    from jobs.services import job_submit
+    from waits.models import Wait
+
+    ids = [job_submit(kind="demo.generate", input={"prompt": f"p{i}", "delay": 0, "drop_callback": True})[0].pk
+           for i in range(jobs)]
+    wait_for(lambda: Wait.objects.filter(job_id__in=ids, job__status="waiting").count() == len(ids), 120,
+             "the generate jobs parking", interval=0.2)
+    latencies = []
+    with httpx.Client(timeout=10) as client:
+        for wait in Wait.objects.filter(job_id__in=ids):
+            time.sleep(0.05)
+            url = generation_get(wait.external_id)["callback_url"]
+            sent = datetime.now(UTC)
+            if client.post(url).status_code != 202:
+                raise SystemExit(f"bench: wake of job {wait.job_id} refused")
+            latencies.append(processing_after(wait.job_id, sent))
+    return summary_ms(latencies)
+
+
+# --- One configuration --------------------------------------------------------------------------------
+
+
+def database_recreate(url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    maintenance = urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def platform_env(*, worker_concurrency: int, web_concurrency: int | None) -> dict[str, str]:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "taskplatform.settings.development",
+           "PORT": str(free_port()), "FLOWER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1",
+           "WORKER_CONCURRENCY": str(worker_concurrency)}
+    env["PUBLIC_URL"] = f"http://127.0.0.1:{env['PORT']}"
+    if web_concurrency:
+        env["WEB_CONCURRENCY"] = str(web_concurrency)
+    return env
+
+
+def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_concurrency: int | None,
+                      phases: set[str]) -> dict[str, Any]:
+    import redis
+
+    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
+    database_recreate(os.environ["DATABASE_URL"])
+    env = platform_env(worker_concurrency=worker_concurrency, web_concurrency=web_concurrency)
+    os.environ["PUBLIC_URL"] = env["PUBLIC_URL"]
+    shipped = Platform(env)
+    result: dict[str, Any] = {"worker_concurrency": worker_concurrency, "web_concurrency": web_concurrency}
+    try:
+        shipped.start()
+        from django.db import connections
+
+        connections.close_all()
+        result["rss_idle_mb"] = shipped.rss_mb()
+        token = subprocess.run([sys.executable, "manage.py", "create_api_token", "bench-reviewer", "--create",
+                                "--reviewer"], cwd=BASE_DIR, env=env, capture_output=True, text=True,
+                               check=True).stdout.strip().splitlines()[-1]
+        if "bare" in phases:
+            result["bare"] = bare_phase(args.count, worker_concurrency, os.environ["REDIS_URL"])
+            print(f"  bare Celery   {result['bare']['per_second']:8.1f} tasks/s", flush=True)
+        if "platform" in phases:
+            result["platform"] = platform_phase(args.count, shipped, args.profile)
+            run = result["platform"]
+            print(f"  platform      {run['per_second']:8.1f} jobs/s  (submitted in {run['submit_seconds']} s)  "
+                  f"cpu {run['cpu_seconds']}", flush=True)
+        if "bare" in result and "platform" in result:
+            result["ratio"] = round(result["platform"]["per_second"] / result["bare"]["per_second"], 3)
+            print(f"  ratio         {result['ratio']:8.3f}", flush=True)
+        if "api" in phases:
+            result["api"] = api_phase(shipped, token, args.api_seconds, args.clients, args.profile)
+            api = result["api"]
+            print(f"  API           {api['per_second']:8.1f} req/s  p50 {api['p50']} ms  p99 {api['p99']} ms  "
+                  f"errors {api['errors']}  cpu {api['cpu_seconds']}", flush=True)
+        if "answer" in phases:
+            result["answer_to_processing_ms"] = answer_phase(shipped, token, args.resumes)
+            print(f"  answer→processing {result['answer_to_processing_ms']}", flush=True)
+        if "wake" in phases:
+            result["wake_to_running_ms"] = wake_phase(shipped, args.resumes)
+            print(f"  wake→running      {result['wake_to_running_ms']}", flush=True)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        shipped.stop()
+    return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    main = result["runs"][0]
+    lines = [f"# The shipped configuration, {result['when']}", "",
+             f"{result['machine']}; PostgreSQL and Redis on the same machine; `make run`'s processes "
+             f"(development settings), worker concurrency {main['worker_concurrency']}, web processes "
+             f"{main['web_concurrency'] or 'default'}; code {result['revision']}.", "",
+             "| figure | baseline, same run | ours | aim |", "|---|---|---|---|"]
+    if "ratio" in main:
+        lines.append(f"| no-op jobs end to end ({main['platform']['count']}) | bare Celery "
+                     f"{main['bare']['per_second']}/s | {main['platform']['per_second']}/s = "
+                     f"**{main['ratio']}×** | ≥ {AIMS['ratio']}× |")
+    if "api" in main:
+        api = main["api"]
+        lines.append(f"| `POST /api/jobs/`, {result['clients']} clients | — | **{api['per_second']}/s**, p50 "
+                     f"{api['p50']} ms, p99 {api['p99']} ms | ≥ {AIMS['api_per_second']}/s, p99 ≤ "
+                     f"{AIMS['api_p99_ms']} ms |")
+    for key, title, aim in (("answer_to_processing_ms", "answer POST → processing event",
+                             f"p50 ≤ {AIMS['answer_p50_ms']}, p99 ≤ {AIMS['answer_p99_ms']} ms"),
+                            ("wake_to_running_ms", "wake POST → processing event", f"p99 ≤ {AIMS['wake_p99_ms']} ms")):
+        if key in main:
+            lines.append(f"| {title} ({main[key]['n']}) | — | p50 {main[key]['p50']} ms, p99 {main[key]['p99']} ms "
+                         f"| {aim} |")
+    lines.append(f"| RSS of all the platform's processes | — | idle {main['rss_idle_mb']} MB, under load "
+                 f"{main.get('platform', {}).get('rss_under_load_mb', '—')} MB | — |")
+    if len(result["runs"]) > 1:
+        lines += ["", "| worker processes | web processes | bare Celery /s | platform jobs/s | ratio | API req/s "
+                  "| API p99 ms |", "|---|---|---|---|---|---|---|"]
+        for run in result["runs"]:
+            lines.append(f"| {run['worker_concurrency']} | {run['web_concurrency'] or 'default'} | "
+                         f"{run.get('bare', {}).get('per_second', '—')} | "
+                         f"{run.get('platform', {}).get('per_second', '—')} | {run.get('ratio', '—')} | "
+                         f"{run.get('api', {}).get('per_second', '—')} | {run.get('api', {}).get('p99', '—')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=2000, help="no-op tasks and jobs per throughput phase")
+    parser.add_argument("--api-seconds", type=float, default=20.0)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--resumes", type=int, default=100, help="jobs answered, and jobs woken, one at a time")
+    parser.add_argument("--concurrency", type=int, default=2, help="WORKER_CONCURRENCY of the main run")
+    parser.add_argument("--phases", default="bare,platform,api,answer,wake")
+    parser.add_argument("--scale", action="store_true",
+                        help="also throughput at 1, 2, 4 worker processes and the API at 1, 2, 4 web processes")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="sample the worker (platform phase) and the web server (API phase) with py-spy; "
+                             "collapsed stacks in DIR, the top frames in the results")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
+        raise SystemExit("bench: set DATABASE_URL (PostgreSQL; the database is dropped and made again) and REDIS_URL "
+                         "(its database is flushed)")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "taskplatform.settings.development"
+    os.environ["PYTHONPATH"] = str(BASE_DIR)
+    import django
+
+    database_recreate(os.environ["DATABASE_URL"])
+    django.setup()
+
+    phases = set(args.phases.split(","))
+    runs = []
+    print(f"main run: worker concurrency {args.concurrency}", flush=True)
+    runs.append(run_configuration(args, worker_concurrency=args.concurrency, web_concurrency=None, phases=phases))
+    if args.scale:
+        for workers in (1, 2, 4):
+            print(f"scale: {workers} worker processes", flush=True)
+            runs.append(run_configuration(args, worker_concurrency=workers, web_concurrency=None,
+                                          phases={"bare", "platform"}))
+        for web in (1, 2, 4):
+            print(f"scale: {web} web processes", flush=True)
+            runs.append(run_configuration(args, worker_concurrency=args.concurrency, web_concurrency=web,
+                                          phases={"api"}))
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR, capture_output=True,
+                              text=True).stdout.strip()
+    result = {"when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "revision": revision,
+              "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}", "clients": args.clients,
+              "count": args.count, "runs": runs}
+    text = markdown(result)
+    print(text)
+    if not args.no_write:
+        RESULTS_DIR.mkdir(exist_ok=True)
+        stamp = result["when"].replace(":", "").replace("-", "")
+        (RESULTS_DIR / f"shipped-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (RESULTS_DIR / "shipped-latest.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--api-client":
+        url, token, seconds, clients = sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+        print(json.dumps(asyncio.run(api_clients(url, token, seconds, clients))))
+    else:
+        sys.exit(main())

@@ -115,12 +115,16 @@ class LiveStreams:
     """The registry of one event loop (so of one web process); see the module docstring."""
 
     resync_interval = 5.0  # seconds between two looks for lost pushes
+    # Redis commands of the registry in flight at once: a crowd connecting together waits for a
+    # slot instead of asking the client's pool (100 connections) for more than it has.
+    redis_concurrency = 20
     _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __init__(self) -> None:
         self.streams: dict[str, Stream] = {}
         self.tasks: list[asyncio.Task] = []
         self.redis: aioredis.Redis | None = None
+        self.redis_slots = asyncio.Semaphore(self.redis_concurrency)
         self.following = False
 
     @classmethod
@@ -142,8 +146,9 @@ class LiveStreams:
         cap = settings.LIVE_STREAMS_PER_USER
         if cap:
             try:
-                taken = await self._client().eval(_ADMIT, 1, _cap_key(stream.user.pk), stream.stream_id, cap,
-                                                  _lease_seconds())
+                async with self.redis_slots:
+                    taken = await self._client().eval(_ADMIT, 1, _cap_key(stream.user.pk), stream.stream_id,
+                                                      cap, _lease_seconds())
             except RedisError as exc:  # Redis away: no pushes either; let the stream read the database
                 logger.warning("live stream cap not checked (Redis: %s: %s)", type(exc).__name__, exc)
                 taken = 1
@@ -170,7 +175,8 @@ class LiveStreams:
 
     async def _cap_release(self, user_pk: Any, stream_id: str) -> None:
         try:
-            await self._client().zrem(_cap_key(user_pk), stream_id)
+            async with self.redis_slots:
+                await self._client().zrem(_cap_key(user_pk), stream_id)
         except RedisError:  # the lease runs out by itself
             pass
 
@@ -222,8 +228,9 @@ class LiveStreams:
         try:
             for start in range(0, len(streams), 500):
                 part = streams[start:start + 500]
-                await self._client().eval(_RENEW, len(part), *[_cap_key(s.user.pk) for s in part], _lease_seconds(),
-                                          *[s.stream_id for s in part])
+                async with self.redis_slots:
+                    await self._client().eval(_RENEW, len(part), *[_cap_key(s.user.pk) for s in part],
+                                              _lease_seconds(), *[s.stream_id for s in part])
         except RedisError as exc:
             logger.warning("live stream leases not renewed (Redis: %s: %s)", type(exc).__name__, exc)
 

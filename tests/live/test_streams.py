@@ -269,3 +269,38 @@ def test_the_feed_shows_a_reviewer_the_jobs_they_may_answer_for():
         await feed.disconnect()
 
     run(scenario)
+
+
+def test_a_crowd_admitted_at_once_is_counted_exactly_against_the_cap():
+    """150 streams of one user admitted together (a crowd connecting at once): the registry's
+    Redis commands wait for a free slot rather than ask its client's pool (100 connections) for
+    more, so the cap is checked for every one, never skipped: 100 in, 50 refused."""
+    from jobs.streams import LiveStreams
+
+    user = make_user("olga")
+
+    class QuietStream:
+        credential, job_pk, last_seq, finished = None, None, 0, False
+
+        def __init__(self, number: int) -> None:
+            self.stream_id, self.user = f"crowd-{number}", user
+
+        def resync(self) -> None:
+            pass
+
+        def end(self, code: int, reason: str) -> None:
+            pass
+
+    async def scenario():
+        registry = LiveStreams.here()
+        streams = [QuietStream(number) for number in range(150)]
+        refusals = await asyncio.gather(*(registry.admit(stream) for stream in streams))
+        try:
+            assert sum(refusal is None for refusal in refusals) == 100
+        finally:
+            for stream in streams:
+                registry.release(stream)
+            await asyncio.sleep(0.2)
+
+    with override_settings(LIVE_STREAMS_PER_USER=100):
+        run(scenario)

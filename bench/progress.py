@@ -161,7 +161,13 @@ async def client_run(url: str, sockets: list[tuple[str, str]], connect_batch: in
                             limits=httpx.Limits(max_connections=connect_batch))
 
     async def open_one(path: str, key: str) -> tuple[str, Watcher]:
-        answer = await api.post("/api/ws-tickets/", headers={"Authorization": f"Token {key}"})
+        for attempt in range(3):
+            try:
+                answer = await api.post("/api/ws-tickets/", headers={"Authorization": f"Token {key}"})
+                break
+            except httpx.TransportError:  # a kept-alive connection the server closed meanwhile
+                if attempt == 2:
+                    raise
         if answer.status_code != 201:
             raise BenchError(f"no ticket: {answer.status_code} {answer.text[:200]}")
         ticket = answer.json()["ticket"]

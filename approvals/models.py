@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobs.models import Job
@@ -179,7 +180,8 @@ class Decision(models.Model):
     # The question's digest when this was decided: what the reviewer was shown.
     digest = models.CharField(max_length=64)
     detail = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # The database's clock (`jobs.clock`): a vote's age is judged by it when the job uses it (valid_for).
+    created_at = models.DateTimeField(db_default=Now(), db_index=True)
 
     objects = DecisionQuerySet.as_manager()
 

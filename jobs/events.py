@@ -17,6 +17,7 @@ from django.db.models import F, Func, JSONField, QuerySet, Value
 from django.utils import timezone
 
 from jobs.broadcast import event_publish
+from jobs.clock import db_now
 from jobs.errors import JobNotFound
 from jobs.models import Job, JobEvent
 
@@ -41,7 +42,7 @@ def event_record(
     """
     event = JobEvent(
         job_id=job.pk, seq=job.event_seq, type=type, step=step, status=status, message=message or {},
-        created_at=timezone.now(),
+        created_at=timezone.now(),  # host clock: shown to people, never compared across hosts
     )
     _event_insert(event)
     transaction.on_commit(partial(event_publish, job=job, event=event), robust=True)
@@ -51,7 +52,7 @@ def event_record(
 def events_record_first(*, jobs: list[Job]) -> list[JobEvent]:
     """Insert the first event (`status pending`, seq 1) of each of `jobs`, just created with
     `event_seq=1`, in one statement; push each once the transaction commits."""
-    now = timezone.now()
+    now = timezone.now()  # host clock: an event's time is shown to people, never compared across hosts
     events = JobEvent.objects.bulk_create(
         [JobEvent(job_id=job.pk, seq=1, type="status", status=Job.Status.PENDING, message={}, created_at=now)
          for job in jobs]
@@ -104,7 +105,8 @@ def job_update_with_event(
     PostgreSQL the update and the insert are one statement (a data-modifying CTE): this is the
     path every status change and every progress report takes.
     """
-    event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=timezone.now())
+    now = timezone.now()  # host clock: shown to people, never compared across hosts
+    event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=now)
     connection = connections[rows.db]
     if connection.vendor == "postgresql":
         tail = ["type", "step", "status", "message", "created_at"]
@@ -147,7 +149,7 @@ def event_append(
         rows = Job.objects.filter(pk=job_id)
         if run_attempt is not None:
             rows = rows.filter(status=Job.Status.PROCESSING, attempts=run_attempt)
-        values = {"event_seq": F("event_seq") + 1, "updated_at": timezone.now(), **(fields or {})}
+        values = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), **(fields or {})}
         written = job_update_with_event(rows=rows, fields=values, type=type, step=step, status=status, message=message)
         if written is None:
             if run_attempt is not None:
@@ -185,7 +187,7 @@ def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
         rows = Job.objects.filter(pk=job_id, status=Job.Status.PROCESSING, attempts=run_attempt).exclude(
             checkpoint__has_key=step
         )
-        fields = {"event_seq": F("event_seq") + 1, "updated_at": timezone.now()}
+        fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now()}
         if job_update_with_event(rows=rows, fields=fields, type="step", step=step, status="started") is not None:
             return STEP_NOT_DONE
         current = Job.objects.filter(pk=job_id).values("status", "attempts", "checkpoint").first()
@@ -217,7 +219,7 @@ def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> 
         else:
             checkpoint = _CheckpointAdd(step, value)
         owned = Job.objects.filter(pk=job_id, status=Job.Status.PROCESSING, attempts=run_attempt)
-        fields = {"event_seq": F("event_seq") + 1, "updated_at": timezone.now(), "checkpoint": checkpoint}
+        fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), "checkpoint": checkpoint}
         written = job_update_with_event(rows=owned, fields=fields, type="step", step=step, status="completed")
         if written is not None:
             return written[0].checkpoint[step]

@@ -30,14 +30,13 @@ import os
 import signal
 import threading
 import time
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import redis
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
+from jobs.clock import db_now_plus
 from jobs.models import Job
 from jobs.redis_clients import redis_client
 
@@ -58,8 +57,10 @@ def _kill_this_process() -> None:
 
 
 def lease_deadline() -> Any:
-    """When a lease taken or renewed now expires."""
-    return timezone.now() + timedelta(seconds=settings.JOBS_LEASE_SECONDS)
+    """When a lease taken or renewed now expires: an expression of the database's clock (see
+    `jobs.clock`), so that a reconciler on another host, whatever its own clock says, sees it
+    expire exactly JOBS_LEASE_SECONDS after the write."""
+    return db_now_plus(settings.JOBS_LEASE_SECONDS)
 
 
 def drain_key(hostname: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connections, models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.db.models.sql import UpdateQuery
 
 from jobs.presenters import event_text
@@ -150,8 +151,12 @@ class Job(models.Model):
     # A child that ends reads it (under this row's lock) to wake the job exactly once; any move
     # back to `pending` clears it.
     gathering = models.JSONField(null=True, blank=True)
+    # The writing host's clock: for people and ordering (a batch's jobs, created in one INSERT,
+    # keep their order: one database time would tie them all).
     created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    # The database's clock (`jobs.clock`): the reconciler compares it with that clock (the
+    # dispatch grace). Each move sets it itself.
+    updated_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

@@ -23,8 +23,8 @@ status moves, in this process:
   returning one) is the service's answer; the service "calls back" when its answer is final,
   else the clock moves to the next backup mark and beat's due pass runs;
 - **children**: spawned jobs run in the same loop; a gathering parent wakes when they end;
-- **the clock** (`Clock`, the platform's `timezone.now()` while the run goes on) moves past
-  deadlines and marks without sleeping.
+- **the clock** (`Clock`: the platform's clock, the database's (`jobs.clock`), and
+  `timezone.now()` while the run goes on) moves past deadlines and marks without sleeping.
 
 It returns a `KindRunResult`: the status, the result (`value`: as the kind's result model), the
 error, the events, how many times each step's body ran (`step_runs`) and the handler ran
@@ -59,6 +59,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs import extensions, runner, typed
+from jobs.clock import clock_shift, database_now
 from jobs.events import RunLost
 from jobs.models import Job
 from jobs.registry import kind_get
@@ -143,7 +144,8 @@ class Pending:
 
 
 class Clock:
-    """The platform's clock during a run: `timezone.now()` plus an offset that only grows.
+    """The platform's clock during a run: the database's (`jobs.clock`), and `timezone.now()`
+    for what people read, plus an offset that only grows.
 
     `advance(seconds=..., minutes=..., ...)` and `advance_to(when)` move it; the harness moves
     it past a question's deadline or a wait's next mark when the run needs it to.
@@ -160,14 +162,18 @@ class Clock:
         return self.now()
 
     def advance_to(self, when: datetime) -> datetime:
-        """Move past `when` (by a millisecond), unless the clock is already there."""
-        if when >= self.now():
-            self.offset += when - self.now() + timedelta(milliseconds=1)
+        """Move past `when` (by a millisecond), unless the clock is already there. `when` is a
+        time the platform wrote (a deadline, a due time): it is compared with the database's
+        clock, as the platform compares it."""
+        with clock_shift(lambda: self.offset):
+            behind = when - database_now()
+        if behind >= timedelta(0):
+            self.offset += behind + timedelta(milliseconds=1)
         return self.now()
 
     @contextmanager
     def installed(self) -> Iterator[Clock]:
-        with mock.patch("django.utils.timezone.now", self.now):
+        with mock.patch("django.utils.timezone.now", self.now), clock_shift(lambda: self.offset):
             yield self
 
 

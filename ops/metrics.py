@@ -37,7 +37,7 @@ from approvals.models import Question
 from jobs.models import Job, JobEvent
 from jobs.registry import kinds_all
 from ops.scheduler import scheduler_seen
-from ops.workers import WorkerSeen, redis_client, workers_seen
+from ops.workers import WorkerSeen, redis_client, redis_now, workers_seen
 from waits.models import Wait
 
 logger = logging.getLogger(__name__)
@@ -358,7 +358,8 @@ class PlatformCollector(Collector):
 
     # Redis: the broker's queues and the workers' heartbeats.
     def _redis(self, now: datetime) -> Iterator[Metric]:
-        workers = workers_seen(now=now.timestamp())
+        now_seconds = redis_now()  # the workers' heartbeats are Redis's times (ops.workers)
+        workers = workers_seen(now=now_seconds)
         names = queue_names(workers)
         depths, unacked = queue_depths(names)
         depth = GaugeMetricFamily(_name("queue_depth"), "Messages waiting in each Celery queue of the broker.",
@@ -366,7 +367,7 @@ class PlatformCollector(Collector):
         consumers = GaugeMetricFamily(_name("queue_consumers"),
                                       "Workers with a fresh heartbeat that consume each queue (0: nobody runs "
                                       "its jobs).", labels=["queue"])
-        fresh = [worker for worker in workers if worker.is_fresh(now.timestamp())]
+        fresh = [worker for worker in workers if worker.is_fresh(now_seconds)]
         for name in names:
             depth.add_metric([name], depths[name])
             consumers.add_metric([name], sum(name in worker.queues for worker in fresh))

@@ -42,6 +42,7 @@ from django.db import DatabaseError, close_old_connections, connection, transact
 from django.db.models import Case, DateTimeField, ExpressionWrapper, F, Q, Value, When
 from django.db.models.functions import Now
 
+from jobs.clock import database_now
 from jobs.extensions import PassEvent
 
 logger = logging.getLogger(__name__)
@@ -60,16 +61,6 @@ HOLDER_MAX = 255
 
 
 # -- the lease ---------------------------------------------------------------------------------
-def database_now() -> datetime:
-    """The database's clock: what every time in `ops.models` is written and compared with."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "sqlite":
-            cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
-            return datetime.fromisoformat(cursor.fetchone()[0]).replace(tzinfo=UTC)
-        cursor.execute("SELECT STATEMENT_TIMESTAMP()")
-        return cursor.fetchone()[0]
-
-
 @dataclass(frozen=True)
 class LeaseClaim:
     """Who holds the lease after a claim, since when (`epoch` counts the changes of hands), and

@@ -9,6 +9,10 @@ Two hashes under REDIS_KEY_PREFIX, one field per worker (its Celery node name):
   housekeeping tasks do not count), written by the pool process (`task_prerun`), at most once a
   second per process so a busy worker adds no Redis round trip per job.
 
+Every time here is Redis's clock (`TIME`), the one the workers and the web servers that read
+them share: a worker whose host clock is ahead would otherwise look fresh after it died, and one
+behind would look stale while alive.
+
 Two hashes, not one, so the main process and its pool processes never overwrite each other's
 fields. Reading them is two commands, whatever the number of jobs: no `inspect()` broadcast,
 which waits for every worker to answer and is slow on a busy two-core machine. Writes never
@@ -37,7 +41,13 @@ FORGET_AFTER = 7 * 24 * 3600
 # The pool's last-job write happens at most this often per process (seconds).
 LAST_JOB_RESOLUTION = 1.0
 
-_last_job_written: dict[str, float] = {}
+_last_job_written: dict[str, float] = {}  # monotonic times, this process's own
+
+# HSET the field ARGV[1] of KEYS[1] to Redis's time now: one round trip, Redis's clock.
+_SET_TO_REDIS_TIME = """
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d.%06d', now[1], now[2]))
+"""
 
 
 def workers_key() -> str:
@@ -59,11 +69,19 @@ def redis_client() -> redis.Redis:
     return _client_for(settings.REDIS_URL, os.getpid())
 
 
+def redis_now(client: redis.Redis | None = None) -> float:
+    """Redis's time now (Unix seconds): the clock of every time in these hashes."""
+    seconds, microseconds = (client or redis_client()).time()
+    return seconds + microseconds / 1e6
+
+
 def worker_heartbeat(*, hostname: str, queues: list[str], started_at: float) -> None:
     """Record that the worker `hostname` is alive now and consumes `queues`."""
-    record = {"queues": sorted(queues), "pid": os.getpid(), "started_at": started_at, "seen_at": time.time()}
     try:
-        redis_client().hset(workers_key(), hostname, json.dumps(record))
+        client = redis_client()
+        record = {"queues": sorted(queues), "pid": os.getpid(), "started_at": started_at,
+                  "seen_at": redis_now(client)}
+        client.hset(workers_key(), hostname, json.dumps(record))
     except redis.RedisError as exc:
         logger.warning("could not write the heartbeat of %s: %s", hostname, exc)
 
@@ -80,12 +98,12 @@ def worker_forget(*, hostname: str) -> None:
 
 def worker_job_taken(*, hostname: str) -> None:
     """Record that the worker `hostname` began running a job now (at most once a second per process)."""
-    now = time.time()
-    if now - _last_job_written.get(hostname, 0.0) < LAST_JOB_RESOLUTION:
+    now = time.monotonic()
+    if hostname in _last_job_written and now - _last_job_written[hostname] < LAST_JOB_RESOLUTION:
         return
     _last_job_written[hostname] = now
     try:
-        redis_client().hset(last_job_key(), hostname, repr(now))
+        redis_client().eval(_SET_TO_REDIS_TIME, 1, last_job_key(), hostname)
     except redis.RedisError as exc:
         logger.warning("could not record the last job of %s: %s", hostname, exc)
 
@@ -111,9 +129,9 @@ class WorkerSeen:
 
 def workers_seen(*, now: float | None = None) -> list[WorkerSeen]:
     """Every worker that wrote a heartbeat (fresh or not), by name. Raises redis.RedisError when
-    Redis does not answer (the caller reports that as its check)."""
-    now = time.time() if now is None else now
+    Redis does not answer (the caller reports that as its check). `now`: Redis's (`redis_now`)."""
     client = redis_client()
+    now = redis_now(client) if now is None else now
     with client.pipeline(transaction=False) as pipe:
         pipe.hgetall(workers_key())
         pipe.hgetall(last_job_key())

@@ -23,13 +23,13 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
-from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
 
 from approvals.policies import assignee_list, seconds_of
 from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
 from approvals.services.asking import assignees_resolve, deadline_policy_json
+from jobs.clock import database_now, db_now
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
@@ -213,7 +213,7 @@ def _act(*, wait_id: Any, user: Any, action: str, via: str, client_address: str 
                                  client_address=client_address, comment=refused.message,
                                  detail={"action": action, "job_status": status})
         else:
-            apply(wait, timezone.now())
+            apply(wait, database_now())
     if refused is not None:
         raise refused
     wait.refresh_from_db()
@@ -232,7 +232,7 @@ def _busy_text(wait: Wait, status: str) -> str:
 
 
 def _update(wait: Wait, **fields: Any) -> None:
-    Wait.objects.filter(pk=wait.pk).update(**fields, updated_at=timezone.now())
+    Wait.objects.filter(pk=wait.pk).update(**fields, updated_at=db_now())
 
 
 def _event(wait: Wait, status: str, message: dict[str, Any]) -> None:
@@ -243,8 +243,9 @@ def _event(wait: Wait, status: str, message: dict[str, Any]) -> None:
 def waits_expire_due(*, now: datetime | None = None, limit: int = 200) -> int:
     """Apply the deadline policy of every combined wait past its deadline whose job is parked
     on it (at most `limit`, earliest first). Run by beat with the due checks; safe in several
-    processes at once (a job whose row another process holds is left to the next pass)."""
-    now = now or timezone.now()
+    processes at once (a job whose row another process holds is left to the next pass). `now` (a
+    test's) defaults to the database's time, the clock deadlines are written with (`jobs.clock`)."""
+    now = now or database_now()
     due = list(
         Wait.objects.filter(state__in=Wait.ACTIVE, person__isnull=False, deadline_at__lte=now,
                             job__status=Job.Status.WAITING)
@@ -263,7 +264,7 @@ def wait_expire(*, wait_id: Any, now: datetime | None = None) -> str | None:
     """Apply the `on_timeout` policy of one combined wait if it is still active, past its
     deadline and its job parked on it; return the action taken (`default`, `fail`, `cancel`,
     `escalate`) or None (something else came first, not due, or locked by another pass)."""
-    now = now or timezone.now()
+    now = now or database_now()
     job_id = Wait.objects.filter(pk=wait_id).values_list("job_id", flat=True).first()
     with transaction.atomic():
         if not Job.objects.select_for_update(skip_locked=True).filter(pk=job_id, status=Job.Status.WAITING).exists():

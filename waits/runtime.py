@@ -18,9 +18,8 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from django.utils import timezone
-
 from jobs import typed
+from jobs.clock import database_now
 from jobs.runtime import JobFailure, ParkForWait
 from jobs.timestamps import iso_utc
 from waits.models import Channel, Wait, WaitDecision
@@ -122,7 +121,7 @@ def _submit(ctx: JobContext, wait: Wait, policy: WaitPolicy, submit: Submit) -> 
         _throttled(ctx, wait, policy, exc)
     except TransportError as exc:
         _transport_failed(ctx, wait, policy, exc)
-    now = timezone.now()
+    now = database_now()  # the marks and the deadline: beat's due pass compares them with this clock
     first = policy.marks[0] if policy.callback else policy.min_interval
     fields = {
         "state": Wait.State.WAITING, "external_id": str(external_id), "accepted_at": now, "transport_failures": 0,
@@ -142,7 +141,7 @@ def _check(ctx: JobContext, wait: Wait, policy: WaitPolicy, check: Check) -> Any
         _transport_failed(ctx, wait, policy, exc)
     if not isinstance(outcome, CheckResult):
         raise TypeError(f"check() must return a waits.policy.CheckResult, not {type(outcome).__name__}")
-    now = timezone.now()
+    now = database_now()  # after the call: the deadline and the next mark are judged by this clock
     checks = wait.checks + 1
     fields: dict[str, Any] = {"checks": checks, "transport_failures": 0, "last_checked_at": now}
     checked: Event = ("checked", {"outcome": outcome.state, "checks": checks})
@@ -196,7 +195,7 @@ def _throttled(ctx: JobContext, wait: Wait, policy: WaitPolicy, exc: Throttled) 
         _fail(ctx, wait, "throttled",
               f"{wait.service or 'the service'} answered 429 {bounces} times (max_throttle_bounces "
               f"{policy.max_throttle_bounces})", fields)
-    fields["next_due_at"] = timezone.now() + timedelta(seconds=exc.retry_after)
+    fields["next_due_at"] = database_now() + timedelta(seconds=exc.retry_after)
     _park(ctx, wait, fields, "throttled", {"retry_after": exc.retry_after, "bounces": bounces})
 
 
@@ -209,7 +208,7 @@ def _transport_failed(ctx: JobContext, wait: Wait, policy: WaitPolicy, exc: Tran
               f"{wait.service or 'the service'} could not be reached {failures} times in a row "
               f"(max_transport_failures {policy.max_transport_failures}): {exc}", fields)
     delay = policy.transport_backoff * 2 ** (failures - 1)
-    fields["next_due_at"] = timezone.now() + timedelta(seconds=delay)
+    fields["next_due_at"] = database_now() + timedelta(seconds=delay)
     _park(ctx, wait, fields, "transport_error", {"error": str(exc)[:500], "failures": failures, "retry_in": delay})
 
 

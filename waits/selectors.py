@@ -6,9 +6,9 @@ from typing import Any
 
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Concat
-from django.utils import timezone
 
 from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
+from jobs.clock import db_now
 from jobs.models import Job
 from jobs.selectors import jobs_visible_to
 from waits.errors import WaitNotFound
@@ -17,10 +17,11 @@ from waits.models import Wait
 
 def waits_due(*, limit: int = 500) -> list[tuple[int, Any, str]]:
     """(wait id, job id, key) of active waits whose next look is due and whose job is parked on
-    that wait (a wait its job no longer parks on is never due)."""
+    that wait (a wait its job no longer parks on is never due). Due by the database's clock, the
+    one the due times are written with (`jobs.clock`)."""
     return list(
         Wait.objects.filter(
-            state__in=Wait.ACTIVE, next_due_at__lte=timezone.now(), job__status=Job.Status.WAITING,
+            state__in=Wait.ACTIVE, next_due_at__lte=db_now(), job__status=Job.Status.WAITING,
             job__suspended_on=Concat(Value("wait:"), F("key")),
         )
         .order_by("next_due_at")

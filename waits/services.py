@@ -18,8 +18,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.urls import reverse
-from django.utils import timezone
 
+from jobs.clock import database_now, db_now
 from jobs.conflicts import retry_on_conflict
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
@@ -107,7 +107,7 @@ def _wait_open(*, job_id: Any, key: str, service: str, policy: WaitPolicy, perso
             "transport_failures": 0, "transport_failures_total": 0, "executions": 0, "accepted_at": None,
             "next_due_at": None, "deadline_at": None, "last_checked_at": None, "result": None, "error": None,
             "woken_by": "", "ended_by": "", "ended_at": None, **_person_fields(person),
-            "updated_at": timezone.now(),
+            "updated_at": db_now(),
         }
         with transaction.atomic():
             Wait.objects.filter(pk=wait.pk).update(**fields)
@@ -122,7 +122,7 @@ def _person_fields(person: dict[str, Any] | None) -> dict[str, Any]:
     timeout = person.get("timeout")
     return {
         "person": person["person"], "on_timeout": person.get("on_timeout"),
-        "deadline_at": timezone.now() + timedelta(seconds=timeout) if timeout else None,
+        "deadline_at": database_now() + timedelta(seconds=timeout) if timeout else None,
     }
 
 
@@ -142,7 +142,7 @@ def wait_execution_begin(*, wait: Wait, run_attempt: int) -> Wait:
         run_lock(job_id=wait.job_id, attempt=run_attempt)  # the job's row first
         woken_by = Wait.objects.select_for_update().filter(pk=wait_id).values_list("woken_by", flat=True).get()
         Wait.objects.filter(pk=wait_id).update(executions=F("executions") + 1, woken_at=None, woken_by="",
-                                               updated_at=timezone.now())
+                                               updated_at=db_now())
     wait = Wait.objects.get(pk=wait_id)
     wait.woken_by = woken_by
     return wait
@@ -157,7 +157,7 @@ def wait_update(*, wait: Wait, fields: dict[str, Any], events: list[Event], run_
         for status, message in events:
             event_append(job_id=wait.job_id, type="wait", step=wait.key, status=status, message=message,
                          run_attempt=run_attempt)
-        Wait.objects.filter(pk=wait.pk).update(**fields, updated_at=timezone.now())
+        Wait.objects.filter(pk=wait.pk).update(**fields, updated_at=db_now())
         if decision is not None:
             wait_decision_record(wait=wait, **decision)
 
@@ -170,7 +170,7 @@ def wait_park_apply(*, wait: Wait, fields: dict[str, Any], events: list[Event], 
         woken_at = Wait.objects.select_for_update().filter(pk=wait.pk).values_list("woken_at", flat=True).first()
         due_now = woken_at is not None
         if due_now:
-            fields = {**fields, "next_due_at": timezone.now()}
+            fields = {**fields, "next_due_at": db_now()}
         wait_update(wait=wait, fields=fields, events=events, run_attempt=run_attempt)
     return due_now
 
@@ -181,7 +181,7 @@ def wait_fail_apply(*, wait: Wait, code: str, message: str, fields: dict[str, An
     `channel` is what ended it (`check`: the service said it failed; `deadline`: still pending at
     the last mark; `system`: a budget spent)."""
     fields = {**fields, "state": Wait.State.FAILED, "error": {"code": code, "message": message},
-              "next_due_at": None, "ended_by": channel, "ended_at": timezone.now()}
+              "next_due_at": None, "ended_by": channel, "ended_at": db_now()}
     events = [*events, ("failed", {"code": code, "message": message, "by": channel})]
     wait_update(wait=wait, fields=fields, events=events, run_attempt=run_attempt,
                 decision={"kind": WaitDecision.Kind.FAILED, "channel": channel, "comment": message,
@@ -191,7 +191,7 @@ def wait_fail_apply(*, wait: Wait, code: str, message: str, fields: dict[str, An
 # -- what wakes a wait ------------------------------------------------------------------------
 def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None) -> None:
     """Caller holds the job's row lock, then the wait's, inside a transaction."""
-    now = timezone.now()
+    now = db_now()
     Wait.objects.filter(pk=wait.pk).update(woken_at=now, woken_by=by, next_due_at=now, updated_at=now)
     event_append(job_id=wait.job_id, type="wait", step=wait.key, status="woken", message={"by": by, **(message or {})})
     try:
@@ -232,7 +232,7 @@ def wake_token_redeem(*, token: str) -> Wait:
                 # The caller holds the real token: tell it what came first.
                 raise WakeTokenInvalid(f"this wait already ended: {wait_ended_text(wait)}")
             raise WakeTokenInvalid("unknown, used or expired wake token")
-        Wait.objects.filter(pk=wait.pk).update(token_used_at=timezone.now())
+        Wait.objects.filter(pk=wait.pk).update(token_used_at=db_now())
         _wake(wait=wait, by="callback")
     return wait
 
@@ -302,7 +302,7 @@ def waits_cancel_for_job(*, job: Any, actor: Any = None, to: str = Job.Status.CA
     else:
         error = {"code": "abandoned", "message": f"the job ended ({to}) without coming back to this wait"}
     for wait in Wait.objects.select_for_update().filter(job_id=job.pk, state__in=Wait.ACTIVE):
-        now = timezone.now()
+        now = db_now()
         Wait.objects.filter(pk=wait.pk).update(
             state=Wait.State.CANCELLED, next_due_at=None, updated_at=now, ended_by=WaitDecision.Channel.SYSTEM,
             ended_at=now, error=error,

@@ -16,7 +16,6 @@ import logging
 import secrets
 import time
 from collections.abc import Iterable
-from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -27,6 +26,7 @@ from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
 from jobs.backoff import backoff_with_jitter
+from jobs.clock import db_now, db_now_plus
 from jobs.errors import InvalidInput
 from jobs.models import Job
 from jobs.timestamps import iso_utc
@@ -92,7 +92,8 @@ def webhook_deliveries_enqueue(
 
     `extra` is merged into the payload (a question event carries the question). Precondition:
     the caller is in the transaction that made `event` happen; the first attempts are sent once
-    it commits.
+    it commits. Each is due at once by the database's clock (`jobs.clock`), which the attempt's
+    claim and beat's sweep compare with; the payload's `created_at` is this host's, for people.
     """
     if event not in EVENTS:
         return []
@@ -102,11 +103,11 @@ def webhook_deliveries_enqueue(
     hooks += [hook for hook in also if hook.is_active]
     if not hooks:
         return []
-    now = timezone.now()
+    now = timezone.now()  # host clock: the payload's time, for the receiver's people and logs
     payload = {"event": f"job.{event}", "created_at": iso_utc(now), "job": _job_payload(job), **(extra or {})}
     deliveries = WebhookDelivery.objects.bulk_create(
         [
-            WebhookDelivery(webhook=hook, job_id=job.pk, event=event, payload=payload, next_attempt_at=now)
+            WebhookDelivery(webhook=hook, job_id=job.pk, event=event, payload=payload, next_attempt_at=db_now())
             for hook in hooks
         ]
     )
@@ -153,12 +154,12 @@ def webhook_deliver(*, delivery_id: Any) -> str:
     WEBHOOKS_ALLOW_PRIVATE_NETWORKS) fails at once, with the reason, and is not retried. 2xx is
     delivered. Anything else (another status, a timeout, a refused connection, no DNS answer) is
     logged on the row and retried after `delivery_retry_delay`, until WEBHOOK_MAX_ATTEMPTS, then
-    failed. Redirects are not followed.
+    failed. Redirects are not followed. Due times are the database's (`jobs.clock`); the
+    signature's timestamp is this host's, as the receiver checks it against its own clock.
     """
-    now = timezone.now()
     claimed = WebhookDelivery.objects.filter(
-        pk=delivery_id, status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=now
-    ).update(attempts=F("attempts") + 1, next_attempt_at=now + timedelta(seconds=CLAIM_LEASE_SECONDS))
+        pk=delivery_id, status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=db_now()
+    ).update(attempts=F("attempts") + 1, next_attempt_at=db_now_plus(CLAIM_LEASE_SECONDS))
     if not claimed:
         return "skipped"
     delivery = WebhookDelivery.objects.select_related("webhook").get(pk=delivery_id)
@@ -167,7 +168,7 @@ def webhook_deliver(*, delivery_id: Any) -> str:
         return _record(delivery, status_code=None, error="the webhook was disabled", final=True)
 
     body = json.dumps({"id": str(delivery.pk), **delivery.payload}, separators=(",", ":")).encode()
-    timestamp = int(time.time())
+    timestamp = int(time.time())  # host clock: the receiver checks it against its own (replay window)
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "taskplatform-webhooks",
@@ -199,16 +200,15 @@ def webhook_deliver(*, delivery_id: Any) -> str:
 
 
 def _record(delivery: WebhookDelivery, *, status_code: int | None, error: str, final: bool = False) -> str:
-    now = timezone.now()
     fields: dict[str, Any] = {"response_status": status_code, "last_error": error}
     if not error:
-        fields["status"], fields["delivered_at"] = WebhookDelivery.Status.DELIVERED, now
+        fields["status"], fields["delivered_at"] = WebhookDelivery.Status.DELIVERED, db_now()
     elif final or delivery.attempts >= settings.WEBHOOK_MAX_ATTEMPTS:
         fields["status"] = WebhookDelivery.Status.FAILED
         logger.warning("webhook delivery %s failed for good after %d attempt(s): %s", delivery.pk,
                        delivery.attempts, error)
     else:
-        fields["next_attempt_at"] = now + timedelta(seconds=delivery_retry_delay(delivery.attempts))
+        fields["next_attempt_at"] = db_now_plus(delivery_retry_delay(delivery.attempts))
     WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDelivery.Status.PENDING).update(**fields)
     return fields.get("status", WebhookDelivery.Status.PENDING)
 
@@ -219,7 +219,7 @@ def webhook_deliveries_send_due(*, limit: int = 500) -> int:
     from webhooks.tasks import webhook_delivery_attempt
 
     due = list(
-        WebhookDelivery.objects.filter(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=timezone.now())
+        WebhookDelivery.objects.filter(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=db_now())
         .order_by("next_attempt_at")
         .values_list("pk", flat=True)[:limit]
     )
@@ -232,6 +232,6 @@ def webhook_delivery_retry_now(*, delivery: WebhookDelivery) -> None:
     """Make a delivery (even a failed one) due again at once, with one more attempt allowed."""
     WebhookDelivery.objects.filter(pk=delivery.pk).update(
         status=WebhookDelivery.Status.PENDING,
-        next_attempt_at=timezone.now(),
+        next_attempt_at=db_now(),
         attempts=min(delivery.attempts, settings.WEBHOOK_MAX_ATTEMPTS - 1),
     )

@@ -7,8 +7,6 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
-from django.db.models.functions import Now
-from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
@@ -26,6 +24,7 @@ from approvals.policies import policy_describe
 from approvals.schemas import QuestionType
 from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
 from approvals.services.ledger import decision_record
+from jobs.clock import database_now, db_now
 from jobs.conflicts import retry_on_conflict
 from jobs.events import event_append
 from jobs.services import job_lock, job_resume
@@ -134,7 +133,7 @@ def _refuse_if_past_deadline(question: Question, record: dict[str, Any]) -> Ques
     server's own clock does not decide. Caller holds the question's row lock."""
     if question.expires_at is None:
         return None
-    if not Question.objects.filter(pk=question.pk, expires_at__lte=Now()).exists():
+    if not Question.objects.filter(pk=question.pk, expires_at__lte=db_now()).exists():
         return None
     deadline = f"{question.expires_at:%Y-%m-%d %H:%M:%S} UTC"
     decision_record(kind=Decision.Kind.REFUSED, detail={"expires_at": iso_utc(question.expires_at)},
@@ -186,7 +185,7 @@ def question_settle(
     question.answer = answer
     question.comment = comment or ""
     question.answered_by = user
-    question.answered_at = timezone.now()
+    question.answered_at = database_now()  # an answer's age is judged by this clock (valid_for)
     question.save(update_fields=["status", "answer", "comment", "answered_by", "answered_at"])
     by = user.get_username() if user is not None else "system"
     event_append(

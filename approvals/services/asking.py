@@ -12,7 +12,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -21,6 +20,7 @@ from approvals.models import ASKED_AGAIN_REASONS, Decision, Question
 from approvals.policies import Default, Escalate, assignee_list, policy_from, policy_to_json, seconds_of
 from approvals.schemas import QuestionType, question_type
 from approvals.services.ledger import decision_record
+from jobs.clock import database_now
 from jobs.events import event_append
 from jobs.models import Job
 from jobs.runtime import JobFailure
@@ -179,9 +179,10 @@ def question_open(
 
     A question that was cancelled or expired is asked again (a person retried its job): it
     opens for a new round, with a `reopened` row in the ledger; earlier rows stay.
-    Precondition: the caller is in the transaction that pauses the job.
+    Precondition: the caller is in the transaction that pauses the job. Its times (the deadline)
+    are the database's (`jobs.clock`): beat, on another host, compares them with that clock.
     """
-    now = timezone.now()
+    now = database_now()
     expires_at = now + timedelta(seconds=timeout) if timeout else None
     question = Question.objects.select_for_update().filter(job=job, key=key).first()
     closed = (Question.Status.CANCELLED, Question.Status.EXPIRED)
@@ -267,7 +268,7 @@ def question_ask_again(
     if verdict.holds:
         return True
     previous = question.round
-    now = timezone.now()
+    now = database_now()
     expires_at = now + timedelta(seconds=spec["timeout"]) if spec.get("timeout") else None
     required = spec.get("required_approvals", 1)
     carried = verdict.carried[-(required - 1):] if required > 1 else []  # the freshest votes

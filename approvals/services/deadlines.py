@@ -8,7 +8,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from approvals.models import Decision, Question
 from approvals.policies import policy_describe
@@ -16,6 +15,7 @@ from approvals.services.answering import question_settle
 from approvals.services.asking import question_assign, questions_cancel_for_job
 from approvals.services.ledger import decision_record
 from approvals.services.notifications import question_announce
+from jobs.clock import database_now
 from jobs.conflicts import retry_on_conflict
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
@@ -30,8 +30,9 @@ def questions_expire_due(*, now: datetime | None = None, limit: int = 200) -> in
     """Apply the deadline policy of every open question whose deadline has passed (at most
     `limit`, earliest first). Run by beat; safe to run in several processes at once (each
     question is taken under its row lock, skipping rows another process holds). Returns how
-    many were handled."""
-    now = now or timezone.now()
+    many were handled. `now` (a test's) defaults to the database's time, the clock deadlines are
+    written with (`jobs.clock`)."""
+    now = now or database_now()
     due = list(
         Question.objects.filter(status=Question.Status.OPEN, expires_at__lte=now)
         .order_by("expires_at")
@@ -50,7 +51,7 @@ def questions_expire_due(*, now: datetime | None = None, limit: int = 200) -> in
 def question_expire(*, question_id: Any, now: datetime | None = None) -> str | None:
     """Apply the `on_timeout` policy of one question if it is still open and past its deadline;
     return the action taken, or None (answered meanwhile, not due, or locked by another beat)."""
-    now = now or timezone.now()
+    now = now or database_now()
     with transaction.atomic():
         # The job's row first, then the question (the platform's one lock order).
         job_id = (

@@ -20,18 +20,16 @@ measured with the database's clock, as the answers' times were written by other 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import Group
-from django.db import connection
 from django.db.models import Q
-from django.utils import timezone
 
 from approvals.models import Decision, Question
 from approvals.schemas import QuestionType
 from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
 from approvals.services.asking import vote_time
+from jobs.clock import database_now
 
 REVIEWER_NO_LONGER_ALLOWED = "reviewer_no_longer_allowed"
 POLICY_CHANGED = "policy_changed"
@@ -66,15 +64,6 @@ class Recheck:
         if reason not in self.reasons:
             self.reasons.append(reason)
         self.notes.append(note)
-
-
-def database_now() -> datetime:
-    """The database's time (on PostgreSQL; this process's clock elsewhere)."""
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        return cursor.fetchone()[0]
 
 
 def answer_recheck(

@@ -5,15 +5,14 @@ retry by hand."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
-from django.utils import timezone
 
 from jobs.backoff import backoff_with_jitter
+from jobs.clock import db_now, db_now_plus
 from jobs.conflicts import retry_on_conflict
 from jobs.errors import ClaimDeferred, InvalidTransition, JobNotFound
 from jobs.events import RunLost
@@ -35,9 +34,10 @@ def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
     other gets InvalidTransition and must do nothing. A job in its retry back-off (`run_after`
     still ahead: an early duplicate message) is not claimed, nor one whose earlier run still
     holds a live lease (a cancelled run winding down when the job was retried: no two runs of a
-    job ever overlap). Then ClaimDeferred says when to try again.
+    job ever overlap). Then ClaimDeferred says when to try again. Both are judged by the
+    database's clock (`jobs.clock`), as every lease and due time is written with it.
     """
-    now = timezone.now()
+    now = db_now()
     try:
         return job_transition(
             job_id=job_id,
@@ -53,10 +53,11 @@ def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
             },
         )
     except InvalidTransition as exc:
-        current = Job.objects.filter(pk=job_id).values("status", "kind", "lease_expires_at", "run_after").first()
+        current = Job.objects.filter(pk=job_id).annotate(now=db_now()).values(
+            "status", "kind", "lease_expires_at", "run_after", "now").first()
         if current is None or current["status"] != Status.PENDING:
             raise
-        lease, run_after = current["lease_expires_at"], current["run_after"]
+        lease, run_after, now = current["lease_expires_at"], current["run_after"], current["now"]
         if lease is not None and lease >= now:
             raise ClaimDeferred(
                 f"job {job_id}: its previous run is still stopping (lease until {lease:%H:%M:%S})",
@@ -93,7 +94,7 @@ def job_hand_back(*, job: Job, reason: str) -> Job:
         fields={
             "max_attempts": F("max_attempts") + 1,
             "hand_backs": F("hand_backs") + 1,
-            "run_after": timezone.now() + timedelta(seconds=delay) if delay else None,
+            "run_after": db_now_plus(delay) if delay else None,
         },
         message={"handed_back": True, "reason": reason, "attempt": job.attempts, "hand_backs": hand_backs,
                  **({"retry_in": round(delay, 3)} if delay else {})},
@@ -180,7 +181,7 @@ def job_fail(
             to=Status.PENDING,
             from_=[Status.PROCESSING],
             only_attempt=job.attempts,
-            fields={"error": stored, "run_after": timezone.now() + timedelta(seconds=delay)},
+            fields={"error": stored, "run_after": db_now_plus(delay)},
             message={"error": error, "retry_in": round(delay, 3), "attempt": job.attempts},
             dispatch=True,
             countdown=delay,

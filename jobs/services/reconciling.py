@@ -4,15 +4,14 @@ the jobs of dead workers, terminate cancelled runs that ignore their cancellatio
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 from celery import current_app
 from django.conf import settings
 from django.db.models import Q
-from django.utils import timezone
 
 from jobs.broker import broker_lost_its_data, dispatch_marked, dispatch_stranded, job_messages
+from jobs.clock import db_now, db_now_plus
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job
@@ -39,13 +38,13 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
     Either way no more are sent than the queue is short of (pending jobs that may run now, less
     the `jobs.run` messages waiting in the queues): with at least as many waiting, a re-sent
     message would only queue behind them, so it waits until they drain. Returns how many were
-    sent.
+    sent. Times are the database's (`jobs.clock`), as the jobs' `updated_at` are written with it.
     """
-    now = timezone.now()
+    now = db_now()
     lost_everything = broker_lost_its_data()
     if lost_everything:
         logger.warning("the broker lost its data (Redis restarted empty?): re-sending the pending jobs' messages")
-    cutoff = now - timedelta(seconds=1 if lost_everything else grace)
+    cutoff = db_now_plus(-(1 if lost_everything else grace))
     ready = Job.objects.filter(
         Q(run_after__isnull=True) | Q(run_after__lte=now),
         Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
@@ -57,7 +56,8 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
     candidates = Job.objects.filter(status=Status.PENDING, updated_at__lt=cutoff)
     if not lost_everything:  # a job in its back-off has a delayed message: judged once it is due
         candidates = candidates.filter(Q(run_after__isnull=True) | Q(run_after__lt=cutoff))
-    candidates = candidates.order_by("updated_at", "pk").only("pk", "kind", "updated_at", "run_after")
+    candidates = candidates.order_by("updated_at", "pk").only("pk", "kind", "updated_at", "run_after").annotate(
+        now=now)
     stranded = set() if lost_everything else dispatch_stranded(after=grace)
     sent = 0
     budget = min(short, limit)
@@ -75,7 +75,8 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
                 continue
             # Touch the row first (only if nobody else did), so two reconcilers never both send.
             if Job.objects.filter(pk=job.pk, status=Status.PENDING, updated_at=job.updated_at).update(updated_at=now):
-                delay = (job.run_after - now).total_seconds() if job.run_after and job.run_after > now else None
+                due_in = (job.run_after - job.now).total_seconds() if job.run_after else 0
+                delay = due_in if due_in > 0 else None
                 transitions.job_dispatch(job=job, countdown=delay)
                 sent += 1
                 if sent >= budget:
@@ -93,12 +94,13 @@ def jobs_recover_expired_leases(*, limit: int = 500) -> int:
     that kills its worker every time (a poison job) ends instead of looping.
 
     The move is conditional on the lease still being expired under the same attempt, so a run
-    that renews at the last moment keeps its job. Returns how many jobs were taken back.
+    that renews at the last moment keeps its job. Leases are written and compared with the
+    database's clock (`jobs.clock`): a worker's own clock, ahead or behind, plays no part. Returns
+    how many jobs were taken back.
     """
-    now = timezone.now()
     # A null lease on a processing job: claimed before leases existed; its start time decides.
-    lease_gone = Q(lease_expires_at__lt=now) | Q(
-        lease_expires_at__isnull=True, started_at__lt=now - timedelta(seconds=settings.JOBS_LEASE_SECONDS)
+    lease_gone = Q(lease_expires_at__lt=db_now()) | Q(
+        lease_expires_at__isnull=True, started_at__lt=db_now_plus(-settings.JOBS_LEASE_SECONDS)
     )
     expired = (
         Job.objects.filter(lease_gone, status=Status.PROCESSING)
@@ -180,9 +182,8 @@ def jobs_terminate_cancelled_runs(*, grace: float, limit: int = 100) -> int:
     reached no `ctx` call since). The job stays `cancelled`; its lease is cleared, and set again
     by the heartbeat if the run survives, so it is revoked again at the next pass. Returns how
     many runs were revoked."""
-    now = timezone.now()
     alive = Job.objects.filter(
-        status=Status.CANCELLED, lease_expires_at__gt=now, finished_at__lt=now - timedelta(seconds=grace)
+        status=Status.CANCELLED, lease_expires_at__gt=db_now(), finished_at__lt=db_now_plus(-grace)
     ).exclude(task_id="").only("pk", "task_id", "attempts", "lease_expires_at")[:limit]
     revoked = 0
     for job in alive:

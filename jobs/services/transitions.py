@@ -13,9 +13,9 @@ from typing import Any, NoReturn
 
 from django.db import transaction
 from django.db.models import F, Q
-from django.utils import timezone
 
 from jobs.broker import dispatch_mark
+from jobs.clock import db_now
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import job_update_with_event
 from jobs.extensions import transition_hooks_for
@@ -56,14 +56,15 @@ def job_transition(
     (who asked, through what). `has_owner` (when the caller knows; an owner never changes) lets
     an ownerless job's move skip the transaction that owners-only hooks would need (see
     `_transition_transaction`); so does `has_parent` (a child's end wakes a parent that gathers
-    it, in the same transaction: `jobs.services.family`). With `dispatch`,
+    it, in the same transaction: `jobs.services.family`). The times it writes (`updated_at`,
+    `started_at`, `finished_at`) are the database's (`jobs.clock`). With `dispatch`,
     the job's Celery task is sent after the commit (after `countdown` seconds). Raises
     JobNotFound, or InvalidTransition naming the current status.
     """
     sources = _sources_for(to)
     if from_ is not None:
         sources &= set(from_)
-    now = timezone.now()
+    now = db_now()
     values: dict[str, Any] = {"status": to, "event_seq": F("event_seq") + 1, "updated_at": now}
     if to == Status.PROCESSING:
         values["started_at"] = now

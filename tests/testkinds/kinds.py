@@ -356,3 +356,45 @@ def model(ctx, input):
     message delivered to a worker (`job_execute`) runs this: one step, then done."""
     ctx.step("s1", lambda: "handler")
     return {"done": True}
+
+
+def _database_time() -> str:
+    """The database server's time now (the clock every host shares), as ISO text."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0].isoformat()
+
+
+CLOCK_INPUT = {
+    "type": "object",
+    "properties": {name: {"type": "number", "minimum": 0} for name in ("busy", "timeout", "poll")},
+    "required": ["busy", "timeout", "poll"],
+}
+
+
+@job_kind("test.clock", input_schema=CLOCK_INPUT, max_attempts=3)
+def clock(ctx, input):
+    """Steps, asks and waits, for a worker whose clock is wrong (tests/chaos/test_clocks.py).
+
+    Step `a` works for `busy` seconds (its lease must be renewed meanwhile); question `q` has a
+    deadline of `timeout` seconds that nobody meets (its default answers it); wait `w` polls a
+    pretend service every `poll` seconds, done at its first look; then step `b`. Before the
+    question and before the wait, a step keeps the database's time, so that the test can tell
+    when each was due whatever the worker's own clock says."""
+    from datetime import UTC, datetime
+
+    from approvals.policies import Default
+    from waits.policy import CheckResult, WaitPolicy
+
+    ctx.step("clocks", lambda: {"worker": datetime.now(UTC).isoformat(), "database": _database_time()})
+    ctx.step("a", lambda: (_busy(input["busy"]), step_run_count(job_id=ctx.job_id, step="a"))[1] or "done")
+    ctx.step("before_ask", _database_time)
+    answer = ctx.ask("q", "Go on?", timeout=input["timeout"], on_timeout=Default({"approved": True}))
+    ctx.step("before_wait", _database_time)
+    policy = WaitPolicy(callback=False, min_interval=input["poll"], max_interval=input["poll"], max_duration=600)
+    result = ctx.wait_for("w", submit=lambda token, url: "pretend", check=lambda external_id: CheckResult.succeeded(
+        {"done": True}), policy=policy, service="pretend")
+    ctx.step("b", lambda: step_run_count(job_id=ctx.job_id, step="b") or "done")
+    return {"answer": answer, "waited": result, "step_runs": step_runs(job_id=ctx.job_id)}

@@ -1,0 +1,71 @@
+"""The platform's one clock: the database server's.
+
+Workers, web servers and beat run on many hosts, and host clocks disagree: a lease written with
+a clock 90 s ahead looks alive 90 s too long to a reconciler on another host, and one written
+90 s behind looks expired while its run is alive. So every time that one process writes and
+another compares (a run's lease, a retry's `run_after`, the dispatch grace's `updated_at`, a
+question's deadline, a wait's next look and deadline, a webhook's next attempt, the scheduler's
+lease) is written and compared with the database's clock:
+
+- in a statement, as an expression: `db_now()` (Django's `Now()`: PostgreSQL's
+  `statement_timestamp()`) and `db_now_plus(seconds)`, inside the UPDATE, INSERT or WHERE that
+  needs it, at no extra round trip;
+- where Python needs the value (to choose the next mark, to say "due in 5 s"),
+  `database_now()`: one `SELECT statement_timestamp()`.
+
+The host's clock is left to what only people read (an event's `created_at`) and to what one
+process measures for itself (`time.monotonic()`). `tests/jobs/test_clock.py` greps for the rest.
+
+`jobs.testing.Clock` moves this clock in a test of a kind (`clock_shift`), without sleeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection
+from django.db.models import DateTimeField, ExpressionWrapper, Value
+from django.db.models.expressions import Expression
+from django.db.models.functions import Now
+
+_ZERO = timedelta(0)
+# How far `jobs.testing.Clock` has moved the clock (a function: the harness's offset grows).
+_shift: Callable[[], timedelta] = lambda: _ZERO  # noqa: E731
+
+
+def db_now() -> Expression:
+    """The database's time now, as an expression for `update()`, `filter()`, `create()`."""
+    return db_now_plus(0)
+
+
+def db_now_plus(seconds: float) -> Expression:
+    """The database's time `seconds` from now (negative: ago), as an expression."""
+    delta = timedelta(seconds=seconds) + _shift()
+    if not delta:
+        return Now()
+    return ExpressionWrapper(Now() + Value(delta), output_field=DateTimeField())
+
+
+def database_now() -> datetime:
+    """The database's time now, read in one statement (aware, UTC)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
+            now = datetime.fromisoformat(cursor.fetchone()[0]).replace(tzinfo=UTC)
+        else:
+            cursor.execute("SELECT statement_timestamp()")
+            now = cursor.fetchone()[0]
+    return now + _shift()
+
+
+@contextmanager
+def clock_shift(shift: Callable[[], timedelta]) -> Iterator[None]:
+    """Move the platform's clock by `shift()` while the block runs (for `jobs.testing.Clock`)."""
+    global _shift
+    previous, _shift = _shift, shift
+    try:
+        yield
+    finally:
+        _shift = previous

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from functools import partial
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -11,6 +12,7 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 from django.utils import timezone
 
+from accounts.credentials import credential_revoked
 from accounts.models import ApiToken
 
 REVIEWERS_GROUP = "reviewers"
@@ -41,9 +43,13 @@ def api_token_authenticate(*, key: str) -> ApiToken | None:
 
 
 def api_token_revoke(*, token: ApiToken) -> None:
+    """Revoke `token`: refused from now on, and the live streams opened with it (websockets by
+    its tickets, SSE streams) are closed in every web process once the revocation commits."""
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
+        transaction.on_commit(partial(credential_revoked.send_robust, sender=ApiToken, kind="token",
+                                      id=str(token.pk)), robust=True)
 
 
 @transaction.atomic

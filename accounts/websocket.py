@@ -1,7 +1,18 @@
-"""Websocket authentication: `?token=KEY` beside the session cookie, and the Origin check.
+"""Websocket authentication: a session cookie or a `?ticket=`; never an API key in the URL.
 
-The ASGI stack is `OriginCheck(AuthMiddlewareStack(TokenAuthMiddleware(routes)))`: the session
-sets `scope["user"]` first, and a valid `?token=` replaces it.
+The ASGI stack is `OriginCheck(AuthMiddlewareStack(TicketAuthMiddleware(routes)))`: the session
+sets `scope["user"]` first, then this middleware looks at the query string:
+
+- `?ticket=T` (from `POST /api/ws-tickets/`, `accounts.tickets`): the ticket's user, once; an
+  unknown, used or expired ticket makes the caller anonymous, even with a session cookie (a
+  wrong credential is never silently replaced), and the consumer refuses the socket;
+- `?token=KEY` is refused the same way: an API key in a URL ends up in access logs;
+- neither: the session's user, if any.
+
+It also says which credential the socket stands on (`scope["credential"]`: `("token", id)` for a
+ticket asked for with an API token, `("session", key)` for a session), so that the registry of
+live streams (`jobs.streams`) can re-check it and close the socket when it is revoked, and why a
+caller was refused (`scope["auth_refused"]`).
 """
 
 from __future__ import annotations
@@ -14,30 +25,32 @@ from channels.security.websocket import OriginValidator
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 
-from accounts.services import api_token_authenticate
+from accounts.tickets import ws_ticket_redeem
+
+TOKEN_IN_URL = "API keys are not accepted in URLs: POST /api/ws-tickets/ for a ticket and connect with ?ticket="
+BAD_TICKET = "unknown, used or expired ticket: POST /api/ws-tickets/ for a new one"
 
 
-@database_sync_to_async
-def _user_for_token(key: str) -> Any:
-    token = api_token_authenticate(key=key)
-    return token.user if token is not None else AnonymousUser()
-
-
-class TokenAuthMiddleware:
-    """Authenticate a websocket by `?token=KEY` (an API token), for clients without a session.
-
-    An invalid or revoked token makes the caller anonymous (so the consumer refuses it), even
-    when a session cookie came along: a wrong credential is never silently replaced.
-    """
+class TicketAuthMiddleware:
+    """Authenticate a websocket by `?ticket=` (see the module docstring)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> Any:
         query = parse_qs(scope.get("query_string", b"").decode("latin1"))
-        keys = query.get("token")
-        if keys:
-            scope = dict(scope, user=await _user_for_token(keys[0]))
+        if "token" in query:
+            scope = dict(scope, user=AnonymousUser(), auth_refused=TOKEN_IN_URL)
+        elif "ticket" in query:
+            redeemed = await database_sync_to_async(ws_ticket_redeem)(ticket=query["ticket"][0])
+            if redeemed is None:
+                scope = dict(scope, user=AnonymousUser(), auth_refused=BAD_TICKET)
+            else:
+                scope = dict(scope, user=redeemed[0], credential=redeemed[1])
+        else:
+            user, session = scope.get("user"), scope.get("session")
+            if user is not None and user.is_authenticated and session is not None:
+                scope = dict(scope, credential=("session", session.session_key or ""))
         return await self.app(scope, receive, send)
 
 
@@ -46,7 +59,7 @@ class BrowserOriginValidator(OriginValidator):
 
     The check exists against cross-site websocket hijacking, which needs a browser, and every
     browser sends `Origin` on a websocket. Scripts (the `websockets` package, curl) send none
-    and authenticate with a token or a cookie of their own.
+    and authenticate with a ticket or a cookie of their own.
     """
 
     def valid_origin(self, parsed_origin: Any) -> bool:

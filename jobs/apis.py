@@ -1,4 +1,5 @@
-"""The jobs API: job kinds, submit, list, retrieve, cancel, retry and the event log.
+"""The jobs API: job kinds, submit, list, retrieve, cancel, retry, the event log, and tickets for
+the live websockets.
 
 Views only translate HTTP: they read through `jobs.selectors` (so anything the caller may not
 see is a 404) and write through `jobs.services`. Errors are PlatformError subclasses, turned
@@ -10,13 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import F, Prefetch, QuerySet
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import status, viewsets
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view, inline_serializer
+from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.models import ApiToken
+from accounts.tickets import ws_ticket_issue
 from jobs.api_errors import RETRY_AFTER, error_responses
 from jobs.api_lookups import ID, UUIDLookup
 from jobs.errors import NotAllowed
@@ -32,6 +35,7 @@ from jobs.serializers import (
     JobSubmitSerializer,
 )
 from jobs.services import job_cancel, job_retry, job_submit
+from jobs.timestamps import iso_utc
 
 # A page of jobs reads the ids of their children in one query.
 JOB_CHILDREN = Prefetch("children", queryset=Job.objects.only("id", "parent_id", "created_at"))
@@ -180,3 +184,31 @@ class JobViewSet(UUIDLookup, viewsets.GenericViewSet):
                 f"{request.user.get_username()!r} sees it as a reviewer of its questions"
             )
         return job
+
+
+class WsTicketApi(APIView):
+    """A short-lived, single-use ticket to open one websocket with (`?ticket=`, `accounts.tickets`)."""
+
+    @extend_schema(
+        operation_id="ws_ticket_create",
+        summary="Get a ticket for one websocket connection",
+        description=(
+            "Answers a ticket good for one connection to `/ws/jobs/…?ticket=TICKET`, expiring within 60 s. "
+            "Websockets never take an API key in their URL."
+        ),
+        request=None,
+        parameters=[RETRY_AFTER],
+        responses={
+            201: inline_serializer("WsTicket", {"ticket": serializers.CharField(),
+                                                "expires_at": serializers.DateTimeField()}),
+            **error_responses(),
+        },
+        tags=["live"],
+    )
+    def post(self, request: Request) -> Response:
+        if isinstance(request.auth, ApiToken):
+            credential = ("token", str(request.auth.pk))
+        else:  # a browser session
+            credential = ("session", request.session.session_key or "")
+        ticket, expires_at = ws_ticket_issue(user=request.user, credential=credential)
+        return Response({"ticket": ticket, "expires_at": iso_utc(expires_at)}, status=status.HTTP_201_CREATED)

@@ -4,13 +4,18 @@ Channels' usual way gives every websocket its own channel and has channels-redis
 group message into each member's channel: with 1,000 sockets following jobs, every event wakes
 that many receivers, each paying the channel layer's receive machinery (about 0.1 ms of CPU per
 socket per event, measured by `bench/progress.py`). Here a server process joins each group
-once, through ONE channel of its own, and hands each message to the local followers directly.
+once, through ONE channel of its own, receives each message once, and hands it to the local
+followers in one synchronous loop: no task, no await per follower. The message comes wrapped in
+a `Push`, which builds each encoding the followers need (the websocket frame, the SSE frame)
+once for all of them. With N web processes, each has its own fan-out and its own share of the
+sockets; the channel layer delivers every message once to each process that follows the group.
 
-A follower is anything with a non-blocking `deliver(message)` (the websocket consumers, the SSE
-stream). `follow` returns only once the process is a member of the group, so a caller that
-follows first and reads the database second misses nothing (the consumers' "join first").
-Memberships are renewed every `renew_interval` (a Redis that restarted empty forgets them; the
-consumers' periodic check covers the pushes lost meanwhile) and dropped once nobody here follows.
+A follower is anything with a non-blocking `deliver(push)` (the websocket consumers, the SSE
+streams, the registry of live streams). `follow` returns only once the process is a member of
+the group, so a caller that follows first and reads the database second misses nothing (the
+consumers' "join first"). Memberships are renewed every `renew_interval` (a Redis that restarted
+empty forgets them; the periodic check of `jobs.streams` covers the pushes lost meanwhile) and
+dropped once nobody here follows.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 import time
 import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
@@ -27,9 +33,51 @@ from channels.layers import get_channel_layer
 logger = logging.getLogger(__name__)
 
 
+class Push:
+    """One message from the channel layer, as every follower in this process sees it.
+
+    `encoded(name, make)` returns `make(message)`, computed by the first follower that asks and
+    shared with the others: an event is serialised once per process, not once per socket.
+    """
+
+    __slots__ = ("message", "_encoded")
+
+    def __init__(self, message: dict[str, Any]) -> None:
+        self.message = message
+        self._encoded: dict[str, Any] = {}
+
+    def encoded(self, name: str, make: Callable[[dict[str, Any]], Any]) -> Any:
+        try:
+            return self._encoded[name]
+        except KeyError:
+            value = self._encoded[name] = make(self.message)
+            return value
+
+
+class Batch:
+    """Pushes of one group that reached this process together (a burst: a step's end, its
+    progress and the next step's start come within milliseconds), in order. A follower with a
+    `deliver_batch` takes them at once: one write per socket for the lot, not one per event.
+    `encoded` as for `Push`, over the whole list."""
+
+    __slots__ = ("pushes", "_encoded")
+
+    def __init__(self, pushes: list[Push]) -> None:
+        self.pushes = pushes
+        self._encoded: dict[str, Any] = {}
+
+    def encoded(self, name: str, make: Callable[[list[Push]], Any]) -> Any:
+        try:
+            return self._encoded[name]
+        except KeyError:
+            value = self._encoded[name] = make(self.pushes)
+            return value
+
+
 class Follower(Protocol):
-    def deliver(self, message: dict[str, Any]) -> None:
-        """Take one pushed message; must not block (queue it, or set an event)."""
+    def deliver(self, push: Push) -> None:
+        """Take one pushed message; must not block (write without awaiting, queue it, or set an
+        event) and must not raise. (A follower may also have `deliver_batch(batch)`.)"""
 
 
 class LocalFanout:
@@ -80,18 +128,41 @@ class LocalFanout:
     async def _receive_forever(self) -> None:
         while True:
             try:
-                message = await self._receive_one()
+                messages = [await self._receive_one()]
+                while messages:
+                    self._hand_out(messages)
+                    # What came meanwhile (the rest of a burst, while the loop above wrote),
+                    # taken at once and handed out together.
+                    messages = await self._waiting()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: pushes are lost meanwhile, the database is not
                 logger.warning("job event fan-out cannot receive: %s: %s", type(exc).__name__, exc)
                 await asyncio.sleep(1)
+
+    async def _waiting(self) -> list[dict[str, Any]]:
+        receive_waiting = getattr(self.layer, "receive_waiting", None)  # taskplatform.channel_layer
+        return await receive_waiting(self.channel) if receive_waiting is not None else []
+
+    def _hand_out(self, messages: list[dict[str, Any]]) -> None:
+        """Give each group's messages to its followers, in order, synchronously."""
+        by_group: dict[str, list[Push]] = {}
+        for message in messages:
+            by_group.setdefault(message.get("group", ""), []).append(Push(message))
+        for group, pushes in by_group.items():
+            followers = self.followers.get(group)
+            if not followers:
                 continue
-            for follower in list(self.followers.get(message.get("group", ""), ())):
+            batch = Batch(pushes) if len(pushes) > 1 else None
+            for follower in tuple(followers):
                 try:
-                    follower.deliver(message)
+                    if batch is not None and hasattr(follower, "deliver_batch"):
+                        follower.deliver_batch(batch)
+                    else:
+                        for push in pushes:
+                            follower.deliver(push)
                 except Exception:
-                    logger.exception("a follower of %s failed to take a message", message.get("group"))
+                    logger.exception("a follower of %s failed to take a message", group)
 
     async def _receive_one(self) -> dict[str, Any]:
         """`layer.receive`, in a task of its own that is cancelled until it really stops.

@@ -7,9 +7,9 @@ server or a group of Sentinels that follow a master through a failover.
 With Sentinels, every client asks them where the master is and asks again after a lost
 connection, so the broker (kombu's `sentinel://` transport, `taskplatform.redis_urls`), the
 channel layer (channels-redis's Sentinel pool), the cache (throttling, `SentinelAwareRedisCache`)
-and the platform's own clients (`redis_client`) all follow the master after a failover. The
-password, when given, is the master's (`requirepass`); `sentinel_password` in the query is the
-Sentinels' own, when they have one.
+and the platform's own clients (`redis_client`, `async_redis_client`) all follow the master
+after a failover. The password, when given, is the master's (`requirepass`); `sentinel_password`
+in the query is the Sentinels' own, when they have one.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
+import redis.asyncio as aioredis
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 SENTINEL_SCHEME = "sentinel"
@@ -97,6 +99,23 @@ def redis_client(url: str | None = None, **options: Any) -> redis.Redis:
     return _sentinel(target, **options).master_for(
         target.master_name, db=target.db, password=target.password, **options
     )
+
+
+def async_redis_client(url: str | None = None, **options: Any) -> aioredis.Redis:
+    """`redis_client` for asyncio (redis-py's `redis.asyncio`): a client on `url` (default
+    settings.REDIS_URL), through the Sentinels when the URL names them."""
+    if url is None:
+        from django.conf import settings
+
+        url = settings.REDIS_URL
+    target = sentinel_target(url)
+    if target is None:
+        return aioredis.Redis.from_url(url, **options)
+    sentinel_kwargs = {key: options[key] for key in ("socket_timeout", "socket_connect_timeout") if key in options}
+    if target.sentinel_password:
+        sentinel_kwargs["password"] = target.sentinel_password
+    sentinel = AsyncSentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs)
+    return sentinel.master_for(target.master_name, db=target.db, password=target.password, **options)
 
 
 def channel_layer_host(url: str, **options: Any) -> dict[str, Any]:

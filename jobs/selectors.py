@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from jobs.errors import JobNotFound
 from jobs.extensions import visibility_rules
@@ -25,6 +25,21 @@ def jobs_visible_to(user: Any) -> QuerySet[Job]:
     for rule in visibility_rules():
         condition |= rule(user)
     return Job.objects.filter(condition)
+
+
+def job_visible_to_which(*, job_id: Any, users: list[Any]) -> set[Any]:
+    """The pks of those of `users` who may see the job `job_id`: the rule of `jobs_visible_to`,
+    for many users in one statement per 50 (an EXISTS per user), not one query per user."""
+    seeing: set[Any] = set()
+    for start in range(0, len(users), 50):
+        part = users[start:start + 50]
+        checks = {f"u{index}": Exists(jobs_visible_to(user).filter(pk=OuterRef("pk")))
+                  for index, user in enumerate(part)}
+        row = Job.objects.filter(pk=job_id).annotate(**checks).values(*checks).first()
+        if row is None:
+            return set()
+        seeing.update(user.pk for index, user in enumerate(part) if row[f"u{index}"])
+    return seeing
 
 
 def job_get_visible(*, user: Any, job_id: Any) -> Job:

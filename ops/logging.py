@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from contextvars import ContextVar, Token
 from typing import Any, NamedTuple
 
@@ -70,3 +71,42 @@ class ReadableFormatter(logging.Formatter):
         record = copy.copy(record)
         record.job = f" [{getattr(record, 'job_kind', '') or '?'} {job_id}]" if job_id else ""
         return super().formatMessage(record)
+
+
+# Secrets that travel in URLs and so reach access logs: the wake token in a callback's path,
+# websocket tickets, and any `...token=` in a query string.
+_URL_SECRETS = [
+    (re.compile(r"(/api/wake/)[^/\s?#\"']+"), r"\1[redacted]"),
+    (re.compile(r"([?&][\w.-]*(?:ticket|token)=)[^&\s#\"']*", re.IGNORECASE), r"\1[redacted]"),
+]
+REDACTED_LOGGERS = ("uvicorn.access", "uvicorn.error")
+
+
+def redact(text: str) -> str:
+    """`text` with the secrets of URLs replaced by `[redacted]`."""
+    for pattern, replacement in _URL_SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class SecretsRedactFilter(logging.Filter):
+    """Writes wake tokens, tickets and `token=` values of the URLs in a record as `[redacted]`
+    (its message and its arguments: access logs pass the path as an argument). Never drops one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(arg) if isinstance(arg, str) else arg for arg in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {key: redact(arg) if isinstance(arg, str) else arg for key, arg in record.args.items()}
+        return True
+
+
+def server_logs_redact() -> None:
+    """Put the filter on the ASGI server's own loggers (uvicorn configures them before it loads
+    the application, with handlers of their own that Django's LOGGING does not reach)."""
+    for name in REDACTED_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, SecretsRedactFilter) for existing in logger.filters):
+            logger.addFilter(SecretsRedactFilter())

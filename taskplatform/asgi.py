@@ -19,7 +19,9 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from accounts.websocket import TokenAuthMiddleware, origin_checked  # noqa: E402
+from accounts.websocket import TicketAuthMiddleware, origin_checked  # noqa: E402
+from jobs.wire import RawSendInScope  # noqa: E402
+from ops.logging import server_logs_redact  # noqa: E402
 from taskplatform.http import ThreadedWSGI, http_router  # noqa: E402
 from taskplatform.routing import websocket_urlpatterns  # noqa: E402
 
@@ -45,8 +47,12 @@ def body_size_limited(app):
     return limited
 
 
-# Session cookie first, then `?token=KEY` (which wins when given); a browser's Origin must be
-# one of ALLOWED_HOSTS.
+# The ASGI server logs each request's path and query (uvicorn's access log, its websocket lines):
+# wake tokens, tickets and any `token=` in them are written as [redacted].
+server_logs_redact()
+
+# Session cookie first, then `?ticket=` (which wins when given); a browser's Origin must be one
+# of ALLOWED_HOSTS. The server's own `send` is kept in the scope for the live fan-out (jobs.wire).
 application = ProtocolTypeRouter(
     {
         # Sync views through the WSGI handler in threads (one hand-off per request); the SSE stream,
@@ -55,6 +61,8 @@ application = ProtocolTypeRouter(
             ThreadedWSGI(get_wsgi_application(), threads=int(os.environ.get("WEB_THREADS", "8"))),
             django_asgi_app,
         )),
-        "websocket": origin_checked(AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))),
+        "websocket": RawSendInScope(
+            origin_checked(AuthMiddlewareStack(TicketAuthMiddleware(URLRouter(websocket_urlpatterns))))
+        ),
     }
 )

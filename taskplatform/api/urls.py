@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import SimpleRouter
 
 from approvals.apis import QuestionViewSet
-from jobs.apis import JobKindListApi, JobViewSet
+from jobs.apis import JobKindListApi, JobViewSet, WsTicketApi
 from waits.apis import WaitViewSet, WakeApi
 from webhooks.apis import WebhookViewSet
 
@@ -18,6 +18,7 @@ router.register("webhooks", WebhookViewSet, basename="webhook")
 urlpatterns = [
     path("job-kinds/", JobKindListApi.as_view(), name="job-kind-list"),
     path("wake/<str:token>/", WakeApi.as_view(), name="wait-wake"),
+    path("ws-tickets/", WsTicketApi.as_view(), name="ws-ticket"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     *router.urls,

@@ -362,6 +362,22 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = REQUEST_BODY_MAX_BYTES
 # The deepest nesting of arrays and objects accepted in JSON from outside (API bodies, the forms'
 # JSON fields): deeper is a 400, measured before parsing (jobs/json_input.py).
 JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=64)
+# --- Live streams (websockets on /ws/jobs/…, SSE) ----------------------------------------------
+# Live streams one user may hold at once, across every web process (0: no cap). Over it a
+# websocket is closed with 4429 and an SSE request answers 429.
+LIVE_STREAMS_PER_USER = env.int("LIVE_STREAMS_PER_USER", default=100)
+# Seconds between two re-checks of every open stream: its user still active, its credential
+# (token, session) still valid, its job still visible; a failing stream is closed. A revoked
+# API token closes its streams at once.
+LIVE_RECHECK_INTERVAL = env.float("LIVE_RECHECK_INTERVAL", default=15.0)
+# Bytes that may wait for one websocket client that does not read, beyond what the kernel
+# buffers; past it the client is dropped (close 4408) and reconnects with ?after=.
+LIVE_SLOW_CLIENT_BYTES = env.int("LIVE_SLOW_CLIENT_BYTES", default=256 * 1024)
+# The kernel send buffer of a live websocket, in bytes (0: the kernel's autotuning, up to 4 MB on
+# Linux). Bounded, a client that stops reading is found slow sooner and holds less memory.
+LIVE_SOCKET_SEND_BUFFER = env.int("LIVE_SOCKET_SEND_BUFFER", default=64 * 1024)
+# Seconds a websocket ticket (POST /api/ws-tickets/) stays good; at most 60.
+WS_TICKET_TTL = env.int("WS_TICKET_TTL", default=30)
 
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -505,7 +521,11 @@ LOG_FORMAT = env.str("LOG_FORMAT", default="readable")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"job": {"()": "ops.logging.JobContextFilter"}},
+    "filters": {
+        "job": {"()": "ops.logging.JobContextFilter"},
+        # Wake tokens, websocket tickets and `token=` values in logged URLs become [redacted].
+        "redact": {"()": "ops.logging.SecretsRedactFilter"},
+    },
     "formatters": {
         "readable": {
             "()": "ops.logging.ReadableFormatter",
@@ -519,10 +539,15 @@ LOGGING = {
         },
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["job"]},
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["job", "redact"]},
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        # Without handlers of its own: Django's default ones (a console handler under DEBUG, which
+        # wrote each request warning a second time, unredacted) give way to the root's.
+        "django": {"level": "INFO"},
+    },
 }
 
 # --- Operations (ops: /metrics, /readyz, Flower links) -------------------------------------------

@@ -435,9 +435,10 @@ class JobFollower:
     """
 
     def __init__(self, web_url: str, token: str, job_id: str, reconnect: bool = False) -> None:
+        self.web_url = web_url
         self.base_url = web_url.replace("http://", "ws://") + f"/ws/jobs/{job_id}/"
         self.token = token
-        self.url = self._url(0)
+        self.url = self.base_url
         self.reconnect = reconnect
         self.connections = 0
         self.events: list[tuple[float, dict[str, Any]]] = []
@@ -447,7 +448,12 @@ class JobFollower:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _url(self, after: int) -> str:
-        return f"{self.base_url}?after={after}&token={self.token}"
+        """The socket's URL with a new ticket (good for one connection; an API key never goes in
+        a URL), asked for with the API token, as every connection and reconnection does."""
+        answer = httpx.post(f"{self.web_url}/api/ws-tickets/", headers={"Authorization": f"Token {self.token}"},
+                            timeout=10)
+        answer.raise_for_status()
+        return f"{self.base_url}?after={after}&ticket={answer.json()['ticket']}"
 
     def start(self, timeout: float = 10.0) -> JobFollower:
         self._thread.start()

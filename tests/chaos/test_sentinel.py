@@ -7,12 +7,13 @@ receives every event (a client whose socket dropped reconnects with `after`, as 
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 import redis
 
-from jobs.redis_clients import redis_client
+from jobs.redis_clients import async_redis_client, redis_client
 from tests.chaos.servers import JobFollower, Platform, SentinelCluster
 from tests.chaos.test_restarts import ENV, assert_gapless, assert_sleep_ran_once
 from tests.support.processes import wait_until
@@ -46,6 +47,16 @@ def test_a_platform_client_follows_the_master_through_the_sentinels(sentinel_clu
 
     wait_until(written, timeout=15, message="the client did not follow the new master")
     assert client.get("before") == b"1"  # replicated before the kill
+
+    async def asyncio_client_on_the_new_master() -> bool:
+        # The registry of live streams' client (jobs.streams), made after the failover.
+        client = async_redis_client(sentinel_cluster.url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            return bool(await client.set("async", "1")) and await client.get("before") == b"1"
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(asyncio_client_on_the_new_master())
 
 
 def test_the_master_dies_with_jobs_in_flight_and_watchers_connected(sentinel_cluster, chaos_database, chaos_db,

@@ -23,14 +23,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def asgi_server(*, port: int | None = None, workers: int = 1) -> ManagedProcess:
-    """uvicorn serving `taskplatform.asgi:application` on the test database and Redis."""
+def asgi_server(*, port: int | None = None, workers: int = 1, log_level: str = "warning",
+                env: dict[str, str] | None = None) -> ManagedProcess:
+    """uvicorn serving `taskplatform.asgi:application` on the test database and Redis, with the
+    options `make run` gives it (`log_level` "info" writes its access log too)."""
     port = port or free_port()
     argv = [
         str(VENV_BIN / "uvicorn"), "taskplatform.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-        "--lifespan", "off", "--workers", str(workers), "--log-level", "warning",
+        "--lifespan", "off", "--ws-per-message-deflate", "false", "--workers", str(workers),
+        "--log-level", log_level,
     ]
-    process = ManagedProcess("uvicorn", argv, child_env())
+    process = ManagedProcess("uvicorn", argv, child_env(**(env or {})))
     process.url = f"http://127.0.0.1:{port}"
     return process
 
@@ -72,3 +75,19 @@ def session_cookie(user) -> str:
 
 def token_for(user) -> str:
     return api_token_create(user=user, name="test")[1]
+
+
+def ticket_for(user) -> str:
+    """A websocket ticket for `user`, standing for a new API token of theirs (as
+    `POST /api/ws-tickets/` would give its caller)."""
+    from accounts.tickets import ws_ticket_issue
+
+    token = api_token_create(user=user, name="test")[0]
+    return ws_ticket_issue(user=user, credential=("token", str(token.pk)))[0]
+
+
+def ticket_from(server: str, key: str) -> str:
+    """A websocket ticket from a running server's `POST /api/ws-tickets/`, with API key `key`."""
+    response = httpx.post(f"{server}/api/ws-tickets/", headers={"Authorization": f"Token {key}"}, timeout=10)
+    assert response.status_code == 201, response.text
+    return response.json()["ticket"]

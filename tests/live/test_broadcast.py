@@ -152,3 +152,24 @@ def test_a_short_lived_process_sends_its_last_events_before_it_exits():
     )
     subprocess.run([sys.executable, "-c", script], cwd=BASE_DIR, env=child_env(), check=True, timeout=60)
     assert [message["n"] for message in received(channel, 20)] == list(range(20))
+
+
+def test_what_waits_for_a_process_channel_is_taken_at_once_in_order_and_shared_with_its_other_channels():
+    """`receive_waiting` (the fan-out's way to take the rest of a burst): one group message for two
+    channels of this process reaches both, and nothing is lost or reordered."""
+
+    async def scenario():
+        layer = get_channel_layer()
+        ours, other = await layer.new_channel(prefix="fanout"), await layer.new_channel()
+        await layer.group_add("bench.burst", ours)
+        await layer.group_add("bench.burst", other)
+        for number in range(5):
+            await layer.group_send("bench.burst", {"type": "test.message", "number": number})
+        first = await asyncio.wait_for(layer.receive(ours), 5)
+        rest = await layer.receive_waiting(ours)
+        assert [m["number"] for m in [first, *rest]] == [0, 1, 2, 3, 4]
+        assert await layer.receive_waiting(ours) == []
+        theirs = [await asyncio.wait_for(layer.receive(other), 5) for _ in range(5)]
+        assert [m["number"] for m in theirs] == [0, 1, 2, 3, 4]
+
+    async_to_sync(scenario)()

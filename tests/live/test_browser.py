@@ -68,6 +68,8 @@ def test_the_job_page_shows_the_bar_move_and_the_job_finish(worker, server, page
     boss = make_user("boss", superuser=True)
     sign_in(page, server, "boss")
     job, _ = job_submit(kind="demo.sleep", input={"seconds": 4, "steps": 8}, owner=boss)
+    sockets: list[str] = []
+    page.on("websocket", lambda ws: sockets.append(ws.url))
     page.goto(f"{server}/jobs/{job.pk}/")
     page.wait_for_function("() => { const v = document.querySelector('#job-progress').value; return v > 0 && v < 1; }")
     seen = progress(page)
@@ -78,6 +80,8 @@ def test_the_job_page_shows_the_bar_move_and_the_job_finish(worker, server, page
     assert '"slept": 4' in page.inner_text("#job-result")
     job = Job.objects.get(pk=job.pk)
     page.wait_for_function(f"() => document.querySelectorAll('#job-timeline li').length === {job.event_seq}")
+    # The page connected with a ticket from POST /api/ws-tickets/ (the session asked for it).
+    assert sockets and all("ticket=" in url for url in sockets), sockets
     seqs = page.eval_on_selector_all("#job-timeline li", "items => items.map(li => Number(li.dataset.seq))")
     assert seqs == list(range(1, job.event_seq + 1))
     # The list page shows it too.

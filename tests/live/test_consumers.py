@@ -20,9 +20,10 @@ from jobs.consumers import JobEventsConsumer
 from jobs.events import event_append
 from jobs.models import JobEvent
 from jobs.services import job_cancel, job_submit
+from jobs.streams import LiveStreams
 from taskplatform.asgi import application
 from tests.conftest import make_user
-from tests.live.conftest import session_cookie, token_for
+from tests.live.conftest import session_cookie, ticket_for, token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,9 +64,11 @@ async def receive_events(communicator: WebsocketCommunicator, count: int, timeou
     return seqs
 
 
-async def assert_closed_with(communicator: WebsocketCommunicator, code: int) -> None:
+async def assert_closed_with(communicator: WebsocketCommunicator, code: int) -> str:
+    """The socket is closed with `code`; returns the reason given."""
     output = await communicator.receive_output(timeout=5)
-    assert output == {"type": "websocket.close", "code": code}
+    assert (output["type"], output.get("code")) == ("websocket.close", code), output
+    return output.get("reason", "")
 
 
 def run(scenario):
@@ -99,10 +102,10 @@ def test_replay_after_seq_then_live_and_nothing_replayed_when_after_is_at_the_en
     job = submit(owner)
     for number in range(5):
         log(job, f"line {number}")  # seqs 2..6
-    token = token_for(owner)
+    first, second = ticket_for(owner), ticket_for(owner)
 
     async def scenario():
-        ws = await open_socket(f"/ws/jobs/{job.pk}/?after=3&token={token}")
+        ws = await open_socket(f"/ws/jobs/{job.pk}/?after=3&ticket={first}")
         assert (await receive(ws))["last_seq"] == 6
         assert await receive_events(ws, 3) == [4, 5, 6]
         event = await database_sync_to_async(log)(job, "live")
@@ -110,7 +113,7 @@ def test_replay_after_seq_then_live_and_nothing_replayed_when_after_is_at_the_en
         assert message == {"type": "event", "event": event.as_dict()}
         await ws.disconnect()
 
-        at_end = await open_socket(f"/ws/jobs/{job.pk}/?after=7&token={token}")
+        at_end = await open_socket(f"/ws/jobs/{job.pk}/?after=7&ticket={second}")
         assert (await receive(at_end))["last_seq"] == 7
         assert await at_end.receive_nothing(timeout=0.3)
         await database_sync_to_async(log)(job, "after the end")
@@ -125,7 +128,7 @@ def test_the_backlog_is_read_in_pages_with_no_gap_while_events_keep_coming():
     job = submit(owner)
     for number in range(30):
         log(job, f"old {number}")  # seqs 2..31
-    token = token_for(owner)
+    ticket = ticket_for(owner)
 
     async def write_more():
         for number in range(60):
@@ -135,7 +138,7 @@ def test_the_backlog_is_read_in_pages_with_no_gap_while_events_keep_coming():
     async def scenario():
         with mock.patch.object(JobEventsConsumer, "page_size", 4):
             writer = asyncio.ensure_future(write_more())
-            ws = await open_socket(f"/ws/jobs/{job.pk}/?after=0&token={token}")
+            ws = await open_socket(f"/ws/jobs/{job.pk}/?after=0&ticket={ticket}")
             snapshot = await receive(ws)
             seqs = await receive_events(ws, 91)
             await writer
@@ -150,11 +153,11 @@ def test_the_backlog_is_read_in_pages_with_no_gap_while_events_keep_coming():
 def test_duplicates_are_dropped_and_a_gap_is_filled_from_the_database():
     owner = make_user("olga")
     job = submit(owner)
-    token = token_for(owner)
+    ticket = ticket_for(owner)
 
     async def scenario():
         layer = get_channel_layer()
-        ws = await open_socket(f"/ws/jobs/{job.pk}/?token={token}")
+        ws = await open_socket(f"/ws/jobs/{job.pk}/?ticket={ticket}")
         assert (await receive(ws))["last_seq"] == 1
         second = await database_sync_to_async(log)(job, "two")
         assert await receive_events(ws, 1) == [2]
@@ -180,11 +183,11 @@ def test_duplicates_are_dropped_and_a_gap_is_filled_from_the_database():
 def test_a_lost_last_push_is_found_by_the_periodic_check():
     owner = make_user("olga")
     job = submit(owner)
-    token = token_for(owner)
+    ticket = ticket_for(owner)
 
     async def scenario():
-        with mock.patch.object(JobEventsConsumer, "resync_interval", 0.2):
-            ws = await open_socket(f"/ws/jobs/{job.pk}/?token={token}")
+        with mock.patch.object(LiveStreams, "resync_interval", 0.2):
+            ws = await open_socket(f"/ws/jobs/{job.pk}/?ticket={ticket}")
             await receive(ws)
             with mock.patch("jobs.events.event_publish"):
                 await database_sync_to_async(job_cancel)(job_id=job.pk)  # its push is lost
@@ -198,14 +201,14 @@ def test_a_lost_last_push_is_found_by_the_periodic_check():
 def test_callers_who_may_not_see_the_job_are_refused_with_4403():
     owner, stranger = make_user("olga"), make_user("sam")
     job = submit(owner)
-    stranger_cookie, stranger_token = session_cookie(stranger), token_for(stranger)
+    stranger_cookie, stranger_ticket = session_cookie(stranger), ticket_for(stranger)
 
     async def scenario():
         for path, cookie in [
             (f"/ws/jobs/{job.pk}/", None),  # anonymous
             (f"/ws/jobs/{job.pk}/", stranger_cookie),  # signed in, not allowed
-            (f"/ws/jobs/{job.pk}/?token={stranger_token}", None),
-            (f"/ws/jobs/{job.pk}/?token=not-a-token", None),
+            (f"/ws/jobs/{job.pk}/?ticket={stranger_ticket}", None),
+            (f"/ws/jobs/{job.pk}/?ticket=not-a-ticket", None),
             ("/ws/jobs/00000000-0000-0000-0000-000000000000/", stranger_cookie),  # no such job
             ("/ws/jobs/not-a-uuid/", stranger_cookie),
             ("/ws/jobs/", None),  # the feed needs a caller
@@ -218,17 +221,35 @@ def test_callers_who_may_not_see_the_job_are_refused_with_4403():
     run(scenario)
 
 
-def test_a_bad_token_is_refused_even_with_a_valid_session():
+def test_a_bad_ticket_is_refused_even_with_a_valid_session():
     owner = make_user("olga")
     job = submit(owner)
     cookie = session_cookie(owner)
 
     async def scenario():
-        ws = await open_socket(f"/ws/jobs/{job.pk}/?token=wrong", cookie=cookie)
+        ws = await open_socket(f"/ws/jobs/{job.pk}/?ticket=wrong", cookie=cookie)
         await assert_closed_with(ws, 4403)
         ws = await open_socket(f"/ws/jobs/{job.pk}/", cookie=cookie)
         assert (await receive(ws))["type"] == "snapshot"
         await ws.disconnect()
+
+    run(scenario)
+
+
+def test_an_api_key_in_the_url_is_refused_and_a_ticket_is_good_for_one_connection():
+    owner = make_user("olga")
+    job = submit(owner)
+    key, ticket = token_for(owner), ticket_for(owner)
+
+    async def scenario():
+        for path in (f"/ws/jobs/{job.pk}/?token={key}", f"/ws/jobs/?token={key}"):
+            refused = await open_socket(path)
+            assert "ticket" in await assert_closed_with(refused, 4403)
+        ws = await open_socket(f"/ws/jobs/{job.pk}/?ticket={ticket}")
+        assert (await receive(ws))["type"] == "snapshot"
+        await ws.disconnect()
+        again = await open_socket(f"/ws/jobs/{job.pk}/?ticket={ticket}")  # used: refused
+        assert "expired" in await assert_closed_with(again, 4403)
 
     run(scenario)
 
@@ -238,10 +259,10 @@ def test_a_reviewer_sees_a_job_through_its_question():
     reviewer.is_staff = False  # only the question makes the job visible
     reviewer.save()
     job = submit(owner)
-    token = token_for(reviewer)
+    first, second = ticket_for(reviewer), ticket_for(reviewer)
 
     async def scenario():
-        ws = await open_socket(f"/ws/jobs/{job.pk}/?token={token}")
+        ws = await open_socket(f"/ws/jobs/{job.pk}/?ticket={first}")
         await assert_closed_with(ws, 4403)
         from approvals.models import Question
 
@@ -249,7 +270,7 @@ def test_a_reviewer_sees_a_job_through_its_question():
             Question.objects.create(job=job, key="q", prompt="?", schema={}, digest="x").assigned_users.add(reviewer)
 
         await database_sync_to_async(ask_rita)()
-        ws = await open_socket(f"/ws/jobs/{job.pk}/?token={token}")
+        ws = await open_socket(f"/ws/jobs/{job.pk}/?ticket={second}")
         assert (await receive(ws))["type"] == "snapshot"
         await ws.disconnect()
 
@@ -258,11 +279,11 @@ def test_a_reviewer_sees_a_job_through_its_question():
 
 def test_the_feed_sends_status_changes_of_visible_jobs_only():
     owner, other, boss = make_user("olga"), make_user("sam"), make_user("boss", staff=True)
-    owner_token, boss_token = token_for(owner), token_for(boss)
+    owner_ticket, boss_ticket = ticket_for(owner), ticket_for(boss)
 
     async def scenario():
-        mine = await open_socket(f"/ws/jobs/?token={owner_token}")
-        everything = await open_socket(f"/ws/jobs/?token={boss_token}")
+        mine = await open_socket(f"/ws/jobs/?ticket={owner_ticket}")
+        everything = await open_socket(f"/ws/jobs/?ticket={boss_ticket}")
         own_job = await database_sync_to_async(submit)(owner)
         other_job = await database_sync_to_async(submit)(other)
         await database_sync_to_async(log)(own_job, "not a status change")
@@ -288,7 +309,7 @@ def test_events_are_only_published_after_their_transaction_commits():
 
     owner = make_user("olga")
     job = submit(owner)
-    token = token_for(owner)
+    ticket = ticket_for(owner)
 
     def rolled_back():
         with transaction.atomic():
@@ -296,7 +317,7 @@ def test_events_are_only_published_after_their_transaction_commits():
             transaction.set_rollback(True)
 
     async def scenario():
-        ws = await open_socket(f"/ws/jobs/{job.pk}/?token={token}")
+        ws = await open_socket(f"/ws/jobs/{job.pk}/?ticket={ticket}")
         await receive(ws)
         await database_sync_to_async(rolled_back)()
         assert await ws.receive_nothing(timeout=0.3)
@@ -306,3 +327,40 @@ def test_events_are_only_published_after_their_transaction_commits():
 
     run(scenario)
     assert JobEvent.objects.filter(job=job).count() == 2
+
+
+def test_a_burst_that_came_together_goes_out_in_one_write_in_order():
+    """Events that reach the server while it is busy (here: its loop blocked for a moment) are
+    taken together and written to each socket at once, in order, with no gap."""
+    import threading
+    import time
+
+    owner = make_user("olga")
+    job = submit(owner)
+    cookie = session_cookie(owner)
+
+    def burst():
+        from django.db import connection
+
+        for number in range(5):
+            log(job, f"burst {number}")
+        connection.close()
+
+    async def scenario():
+        first = await open_socket(f"/ws/jobs/{job.pk}/", cookie=cookie)
+        second = await open_socket(f"/ws/jobs/{job.pk}/", cookie=cookie)
+        for ws in (first, second):
+            assert (await receive(ws))["last_seq"] == 1
+        writer = threading.Thread(target=burst)
+        writer.start()
+        writer.join()
+        time.sleep(0.5)  # the loop is busy: the pushes wait in Redis
+        for ws in (first, second):
+            assert await receive_events(ws, 5) == [2, 3, 4, 5, 6]
+            assert await ws.receive_nothing(timeout=0.3)
+            await ws.disconnect()
+
+    with mock.patch.object(JobEventsConsumer, "deliver_batch", autospec=True,
+                           side_effect=JobEventsConsumer.deliver_batch) as batches:
+        run(scenario)
+    assert batches.call_count == 2  # one batch, for each socket

@@ -17,7 +17,7 @@ from websockets.asyncio.client import connect
 from jobs.models import Job
 from jobs.services import job_submit
 from tests.conftest import make_user
-from tests.live.conftest import token_for
+from tests.live.conftest import ticket_from, token_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -48,12 +48,14 @@ def test_a_websocket_client_gets_every_event_of_a_sleep_job_in_order_across_a_re
     async def client() -> tuple[list[dict], list[dict]]:
         received: list[dict] = []
         snapshots = []
-        async with connect(ws_url(server, f"/ws/jobs/{job.pk}/?after=0&token={token}")) as ws:
+        ticket = await asyncio.to_thread(ticket_from, server, token)
+        async with connect(ws_url(server, f"/ws/jobs/{job.pk}/?after=0&ticket={ticket}")) as ws:
             snapshots.append(json.loads(await ws.recv()))
             await read_until_finished(ws, received, stop_after=12)
         # The connection is gone while the job goes on; the client resumes from its last seq.
         await asyncio.sleep(0.6)
-        async with connect(ws_url(server, f"/ws/jobs/{job.pk}/?after={received[-1]['seq']}&token={token}")) as ws:
+        ticket = await asyncio.to_thread(ticket_from, server, token)  # a ticket is good for one connection
+        async with connect(ws_url(server, f"/ws/jobs/{job.pk}/?after={received[-1]['seq']}&ticket={ticket}")) as ws:
             snapshots.append(json.loads(await ws.recv()))
             await read_until_finished(ws, received)
             # Nothing after the last event: no duplicate arrives late.
@@ -83,7 +85,8 @@ def test_the_feed_follows_a_job_through_the_real_server(worker, server):
             connection.close()  # this thread's own connection
 
     async def client() -> list[str]:
-        async with connect(ws_url(server, f"/ws/jobs/?token={token}")) as ws:
+        ticket = await asyncio.to_thread(ticket_from, server, token)
+        async with connect(ws_url(server, f"/ws/jobs/?ticket={ticket}")) as ws:
             job = await asyncio.to_thread(submit)
             statuses = []
             while not statuses or statuses[-1] not in Job.TERMINAL:

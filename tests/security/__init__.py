@@ -10,6 +10,8 @@
 - test_health_detail.py, test_job_errors.py, test_webhook_response_caps.py, test_small_items.py:
   what the probes tell strangers, tracebacks, webhook answers, help text, CSV, passwords, sign-in.
 - test_dependencies.py: the hashed lock the image installs, in step with requirements.txt.
-- Log redaction (API keys and tickets never in a log line): its grep test belongs here too, with
-  the websocket tickets that introduce it.
+- test_tickets_and_redaction.py: websockets take single-use tickets, never an API key in the URL;
+  a real server's log holds no key, ticket or wake token.
+- tests/live/test_streams.py (beside the other live-stream tests): open streams re-checked and
+  closed on revocation or deactivation, the per-user cap.
 """

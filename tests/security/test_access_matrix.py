@@ -171,6 +171,8 @@ API = [
       body={}),
     r("api/^waits/(?P<pk>[^/]+)/fail/$", "/api/waits/{wait}/fail/",   401, 404, 401, 401, 403, 403, method="post",
       body={"reason": "gone"}),
+    # A ticket for one websocket connection: any signed-in, active caller may ask for one.
+    r("api/ws-tickets/", "/api/ws-tickets/",                          401, 201, 401, 401, 201, 201, method="post"),
     # No credential but the token itself (the contract); an unknown token is 404 for everyone.
     r("api/wake/<str:token>/", "/api/wake/{missing}/",                404, 404, 404, 404, 404, 404, method="post"),
     # Public by decision (README, "Security"): the API's description, no data.

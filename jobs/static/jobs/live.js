@@ -7,8 +7,12 @@
  *                  events; "Show earlier events" pages back through /api/jobs/{id}/events/.
  * [data-live-feed] follows /ws/jobs/: the status of each listed job, new jobs on top.
  *
- * Both reconnect with exponential backoff (0.5 s doubling to 15 s, with jitter). A job page
- * resumes from the last seq it showed, so after a reconnect it gets exactly what it missed.
+ * Each connection takes a ticket first (POST data-ticket-url with the session; a ticket is good
+ * for one connection, so every reconnect asks again). Both reconnect with exponential backoff
+ * (0.5 s doubling to 15 s, with jitter); a socket dropped for reading too slowly (4408) comes
+ * back at once. A job page resumes from the last seq it showed, so after a reconnect it gets
+ * exactly what it missed. 4403 (may not see the job) and 4401 (signed out, or the credential
+ * was revoked) end following; 4429 (too many live streams) retries slowly.
  */
 (function () {
   "use strict";
@@ -18,19 +22,40 @@
     return (location.protocol === "https:" ? "wss://" : "ws://") + location.host + path;
   }
 
-  /* Open url(), pass each JSON message to onMessage; reopen after a close, backing off. */
-  function follow(url, onMessage, onState) {
+  /* A ticket for one websocket connection (null when none could be had: the session cookie
+   * alone then authenticates the socket). */
+  function ticket(root) {
+    if (!root.dataset.ticketUrl) return Promise.resolve(null);
+    return fetch(root.dataset.ticketUrl, {
+      method: "POST", credentials: "same-origin",
+      headers: {"X-CSRFToken": root.dataset.csrfToken || "", "Accept": "application/json"}
+    }).then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (body) { return body && body.ticket; }, function () { return null; });
+  }
+
+  function withTicket(path, value) {
+    return value ? path + (path.indexOf("?") < 0 ? "?" : "&") + "ticket=" + encodeURIComponent(value) : path;
+  }
+
+  /* Open url() with a fresh ticket, pass each JSON message to onMessage; reopen after a close,
+   * backing off. */
+  function follow(root, url, onMessage, onState) {
     var attempt = 0;
     function open() {
-      var ws = new WebSocket(socketUrl(url()));
-      ws.onopen = function () { attempt = 0; onState("live"); };
-      ws.onmessage = function (e) { onMessage(JSON.parse(e.data)); };
-      ws.onclose = function (e) {
-        if (e.code === 4403) { onState("not allowed"); return; }
-        var delay = Math.min(15000, 500 * Math.pow(2, attempt++)) * (0.75 + Math.random() / 2);
-        onState("reconnecting in " + Math.round(delay / 100) / 10 + " s");
-        setTimeout(open, delay);
-      };
+      ticket(root).then(function (value) {
+        var ws = new WebSocket(socketUrl(withTicket(url(), value)));
+        ws.onopen = function () { attempt = 0; onState("live"); };
+        ws.onmessage = function (e) { onMessage(JSON.parse(e.data)); };
+        ws.onclose = function (e) {
+          if (e.code === 4403) { onState("not allowed"); return; }
+          if (e.code === 4401) { onState("signed out"); return; }
+          if (e.code === 4408) { attempt = 0; onState("catching up"); setTimeout(open, 0); return; }
+          if (e.code === 4429) attempt = Math.max(attempt, 5);
+          var delay = Math.min(15000, 500 * Math.pow(2, attempt++)) * (0.75 + Math.random() / 2);
+          onState("reconnecting in " + Math.round(delay / 100) / 10 + " s");
+          setTimeout(open, delay);
+        };
+      });
     }
     open();
   }
@@ -172,7 +197,7 @@
       if (event.type === "question") refreshPanel();
     }
 
-    follow(function () { return "/ws/jobs/" + root.dataset.liveJob + "/?after=" + lastSeq; }, function (msg) {
+    follow(root, function () { return "/ws/jobs/" + root.dataset.liveJob + "/?after=" + lastSeq; }, function (msg) {
       if (msg.type === "snapshot") {
         setStatus(role(root, "status"), msg.job.status);
         if (msg.last_seq <= lastSeq) setProgress(root, msg.job.progress.fraction, msg.job.progress.text);
@@ -191,7 +216,7 @@
       if (table.dataset.filterStatus && table.dataset.filterStatus !== job.status) return false;
       return !table.dataset.filterKind || table.dataset.filterKind === job.kind;
     }
-    follow(function () { return table.dataset.liveFeed; }, function (msg) {
+    follow(table, function () { return table.dataset.liveFeed; }, function (msg) {
       if (msg.type !== "job") return;
       var job = msg.job;
       var row = body.querySelector('tr[data-job-id="' + job.id + '"]');

@@ -11,7 +11,9 @@ a lost message and never a slow one.
   `unacked` hash until Redis's visibility timeout (more than an hour) gives it back. When the
   worker was killed before it claimed the job, the job is `pending` with a valid mark: the
   reconciler notes when it first saw each such delivery (by Redis's clock, so no host's clock
-  matters) and treats one still held a grace later as lost.
+  matters) and treats one still held a grace later as lost. A worker killed between taking a
+  message from the queue and recording it as delivered loses it outright: with no message
+  queued, a marked job whose message no worker holds has lost it too.
 - **The broker's epoch.** A key that only the reconciler writes: when it is gone, Redis lost its
   data (restarted empty, flushed), so every pending job's message is gone too and is re-sent at
   once rather than after the dispatch grace. Redis's `run_id` is kept in it for the logs.
@@ -195,9 +197,10 @@ def _held_job(raw: bytes) -> str | None:
         return None
 
 
-def dispatch_stranded(*, after: float) -> set[str]:
-    """The jobs whose `jobs.run` message a worker took and has held unacknowledged for more than
-    `after` seconds, counted from the first pass that saw it held (Redis's clock).
+def dispatch_stranded(*, after: float) -> tuple[set[str], set[str]]:
+    """The jobs whose `jobs.run` message a worker holds unacknowledged now, and among them those
+    held for more than `after` seconds, counted from the first pass that saw it held (Redis's
+    clock).
 
     A live worker claims a job the moment its message arrives, so a `pending` job whose message
     has been held that long was taken by a worker that died before the claim (kill -9, a lost
@@ -226,7 +229,8 @@ def dispatch_stranded(*, after: float) -> set[str]:
             if gone:
                 pipe.hdel(seen_key, *gone)
             pipe.execute()
-    return {job_id for tag, job_id in held.items() if tag in seen and now - seen[tag] > after}
+    stranded = {job_id for tag, job_id in held.items() if tag in seen and now - seen[tag] > after}
+    return set(held.values()), stranded
 
 
 def broker_lost_its_data() -> bool:

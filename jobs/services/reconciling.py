@@ -32,7 +32,9 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
     (`jobs.broker`) is re-sent; one whose message still waits behind busy workers is left alone,
     so a long queue never grows by itself. A mark does not cover a message that a worker took and
     died holding before it claimed the job (`dispatch_stranded`): such a job is re-sent a grace
-    after the pass that first saw it held, not when the broker's visibility timeout ends. When
+    after the pass that first saw it held, not when the broker's visibility timeout ends; and
+    when no message is queued at all, a marked job whose message no worker holds has lost it
+    (a worker killed between taking it from the queue and recording it). When
     the broker has lost its data (its epoch key is gone), every pending job's message is gone:
     they are re-sent at once, without the grace.
     Either way no more are sent than the queue is short of (pending jobs that may run now, less
@@ -50,7 +52,8 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
         Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
         status=Status.PENDING,
     )
-    short = ready.count() - job_messages(delivered=False)
+    queued = job_messages(delivered=False)
+    short = ready.count() - queued
     if short <= 0:
         return 0  # as many messages wait as jobs could run: slow, not lost (or behind them anyway)
     candidates = Job.objects.filter(status=Status.PENDING, updated_at__lt=cutoff)
@@ -58,7 +61,7 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
         candidates = candidates.filter(Q(run_after__isnull=True) | Q(run_after__lt=cutoff))
     candidates = candidates.order_by("updated_at", "pk").only("pk", "kind", "updated_at", "run_after").annotate(
         now=now)
-    stranded = set() if lost_everything else dispatch_stranded(after=grace)
+    held, stranded = (set(), set()) if lost_everything else dispatch_stranded(after=grace)
     sent = 0
     budget = min(short, limit)
     after: tuple | None = None
@@ -71,8 +74,8 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
         after = (chunk[-1].updated_at, chunk[-1].pk)
         marked = dispatch_marked(job.pk for job in chunk)
         for job in chunk:
-            if job.pk in marked and str(job.pk) not in stranded:
-                continue
+            if job.pk in marked and str(job.pk) not in stranded and (queued or str(job.pk) in held):
+                continue  # on its way: queued behind others, or held by a live worker
             # Touch the row first (only if nobody else did), so two reconcilers never both send.
             if Job.objects.filter(pk=job.pk, status=Status.PENDING, updated_at=job.updated_at).update(updated_at=now):
                 due_in = (job.run_after - job.now).total_seconds() if job.run_after else 0

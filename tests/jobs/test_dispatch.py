@@ -156,3 +156,33 @@ def test_a_message_held_by_a_killed_worker_is_sent_again_after_the_grace_not_the
         if worker:
             worker.kill()
         forget_every_message()
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_message_lost_between_the_queue_and_the_worker_is_sent_again_once_nothing_is_queued(
+    only_own_workers, settings
+):
+    """A worker killed after taking a message from the queue and before recording it as
+    delivered loses it outright: it is in no queue and in no worker's hands, but its mark says it
+    is on its way. With nothing queued, the reconciler sees that no one holds it."""
+    grace = settings.JOBS_DISPATCH_GRACE = 1.0
+    forget_every_message()
+    jobs_redispatch_stale(grace=grace)  # the broker is known
+    job, _ = job_submit(kind="demo.noop", input={})  # committed: its message and mark go out
+    other, _ = job_submit(kind="demo.noop", input={})
+    queue = f"{settings.REDIS_KEY_PREFIX}jobs"
+    client = broker()
+    try:
+        assert client.llen(queue) == 2
+        client.rpop(queue)  # the older message: taken, then the worker died
+        Job.objects.filter(pk__in=[job.pk, other.pk]).update(updated_at=timezone.now() - timedelta(seconds=5))
+        with mock.patch("jobs.services.transitions.job_dispatch"):
+            assert jobs_redispatch_stale(grace=grace) == 0  # a message is still queued: maybe slow, not lost
+        client.delete(queue)  # the other one was taken and lost too
+        with mock.patch("jobs.services.transitions.job_dispatch") as dispatch:
+            assert jobs_redispatch_stale(grace=grace) == 2
+        assert {call.kwargs["job"].pk for call in dispatch.call_args_list} == {job.pk, other.pk}
+    finally:
+        client.close()
+        forget_every_message()

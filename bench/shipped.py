@@ -34,7 +34,6 @@ import logging
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,36 +46,20 @@ from urllib.parse import urlsplit, urlunsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
+
+from bench.recovery import port_free as free_port  # noqa: E402
+from bench.recovery import wait_for  # noqa: E402
+from bench.throughput import RESULTS_DIR, code_revision  # noqa: E402
+from bench.wake import percentile  # noqa: E402
+
 VENV_BIN = Path(sys.executable).parent
-RESULTS_DIR = BASE_DIR / "bench" / "results"
 AIMS = {"ratio": 0.6, "api_per_second": 300, "api_p99_ms": 50, "answer_p50_ms": 15, "answer_p99_ms": 40,
         "wake_p99_ms": 40}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
 def summary_ms(values: list[float]) -> dict[str, float]:
     return {"n": len(values), "p50": round(statistics.median(values), 1), "p99": round(percentile(values, 0.99), 1),
             "max": round(max(values), 1)}
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise SystemExit(f"bench: {what} did not happen within {timeout:g} s")
 
 
 # --- The platform as `make run` starts it ------------------------------------------------------------
@@ -493,29 +476,29 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
 
 
 def markdown(result: dict[str, Any]) -> str:
-    main = result["runs"][0]
+    first = result["runs"][0]
     lines = [f"# The shipped configuration, {result['when']}", "",
              f"{result['machine']}; PostgreSQL and Redis on the same machine; `make run`'s processes "
-             f"(development settings), worker concurrency {main['worker_concurrency']}, web processes "
-             f"{main['web_concurrency'] or 'default'}; code {result['revision']}.", "",
+             f"(development settings), worker concurrency {first['worker_concurrency']}, web processes "
+             f"{first['web_concurrency'] or 'default'}; code {result['revision']}.", "",
              "| figure | baseline, same run | ours | aim |", "|---|---|---|---|"]
-    if "ratio" in main:
-        lines.append(f"| no-op jobs end to end ({main['platform']['count']}) | bare Celery "
-                     f"{main['bare']['per_second']}/s | {main['platform']['per_second']}/s = "
-                     f"**{main['ratio']}×** | ≥ {AIMS['ratio']}× |")
-    if "api" in main:
-        api = main["api"]
+    if "ratio" in first:
+        lines.append(f"| no-op jobs end to end ({first['platform']['count']}) | bare Celery "
+                     f"{first['bare']['per_second']}/s | {first['platform']['per_second']}/s = "
+                     f"**{first['ratio']}×** | ≥ {AIMS['ratio']}× |")
+    if "api" in first:
+        api = first["api"]
         lines.append(f"| `POST /api/jobs/`, {result['clients']} clients | — | **{api['per_second']}/s**, p50 "
                      f"{api['p50']} ms, p99 {api['p99']} ms | ≥ {AIMS['api_per_second']}/s, p99 ≤ "
                      f"{AIMS['api_p99_ms']} ms |")
     for key, title, aim in (("answer_to_processing_ms", "answer POST → processing event",
                              f"p50 ≤ {AIMS['answer_p50_ms']}, p99 ≤ {AIMS['answer_p99_ms']} ms"),
                             ("wake_to_running_ms", "wake POST → processing event", f"p99 ≤ {AIMS['wake_p99_ms']} ms")):
-        if key in main:
-            lines.append(f"| {title} ({main[key]['n']}) | — | p50 {main[key]['p50']} ms, p99 {main[key]['p99']} ms "
+        if key in first:
+            lines.append(f"| {title} ({first[key]['n']}) | — | p50 {first[key]['p50']} ms, p99 {first[key]['p99']} ms "
                          f"| {aim} |")
-    lines.append(f"| RSS of all the platform's processes | — | idle {main['rss_idle_mb']} MB, under load "
-                 f"{main.get('platform', {}).get('rss_under_load_mb', '—')} MB | — |")
+    lines.append(f"| RSS of all the platform's processes | — | idle {first['rss_idle_mb']} MB, under load "
+                 f"{first.get('platform', {}).get('rss_under_load_mb', '—')} MB | — |")
     if len(result["runs"]) > 1:
         lines += ["", "| worker processes | web processes | bare Celery /s | platform jobs/s | ratio | API req/s "
                   "| API p99 ms |", "|---|---|---|---|---|---|---|"]
@@ -565,8 +548,7 @@ def main() -> int:
             print(f"scale: {web} web processes", flush=True)
             runs.append(run_configuration(args, worker_concurrency=args.concurrency, web_concurrency=web,
                                           phases={"api"}))
-    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR, capture_output=True,
-                              text=True).stdout.strip()
+    revision = code_revision()["commit"]
     result = {"when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "revision": revision,
               "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}", "clients": args.clients,
               "count": args.count, "runs": runs}

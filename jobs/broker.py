@@ -170,12 +170,7 @@ def job_messages(*, delivered: bool = True) -> int:
     if not delivered:
         return sum(results)
     *lengths, unacked = results
-    taken = 0
-    for raw in unacked:  # a few per worker process
-        try:
-            taken += json.loads(raw)[0]["headers"]["task"] == "jobs.run"
-        except (ValueError, KeyError, IndexError, TypeError):
-            continue
+    taken = sum(_held_job(raw) is not None for raw in unacked)  # a few per worker process
     return sum(lengths) + taken
 
 

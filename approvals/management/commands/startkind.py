@@ -61,8 +61,8 @@ def $function(ctx: JobContext, input: ${model}Input) -> ${model}Result:
     return ${model}Result(approved=True, reference=reference)
 ''')
 
-# The generated kind's own imports (it asks a question, so it uses approvals: the generated code
-# lives in the author's app, never in the core).
+# The generated kind's own imports. It asks a question, so it uses approvals, and this command
+# lives here rather than in the jobs core: the core knows nothing of questions.
 KIND_IMPORTS = [
     "from approvals.schemas import ApprovalWithReason",
     "from jobs.registry import job_kind",

@@ -185,8 +185,12 @@ def service_name(argv: list[str]) -> str:
 
 
 class Profile:
-    """py-spy sampling one service (and its children) for `seconds`, as collapsed stacks: only the
-    threads holding the GIL, so the shares are of the Python CPU time, not of the waits."""
+    """py-spy sampling one service (and its children) for `seconds`, as collapsed stacks. By
+    default only the threads holding the GIL, so the shares are of the Python CPU time, not of
+    the waits; with `PROFILE_WALL` (`--profile-wall`), every thread, idle ones included, so the
+    shares are of the wall-clock time (where a run waits: a socket, a lock, the next message)."""
+
+    wall = False
 
     def __init__(self, shipped: Platform, service: str, seconds: float, out_dir: Path | None) -> None:
         self.proc = None
@@ -198,7 +202,8 @@ class Profile:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / f"{service}.txt"
         self.proc = subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
-                                      "--rate", "200", "--gil", "--duration", str(int(seconds)), "--format", "raw",
+                                      "--rate", "200", *(["--idle", "--threads"] if self.wall else ["--gil"]),
+                                      "--duration", str(int(seconds)), "--format", "raw",
                                       "--output", str(self.path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def top(self, count: int = 25) -> list[tuple[str, float]]:
@@ -523,8 +528,12 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="sample the worker (platform phase) and the web server (API phase) with py-spy; "
                              "collapsed stacks in DIR, the top frames in the results")
+    parser.add_argument("--profile-wall", action="store_true",
+                        help="with --profile: sample every thread, idle ones included (where the time goes, "
+                             "not only the CPU)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    Profile.wall = args.profile_wall
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         raise SystemExit("bench: set DATABASE_URL (PostgreSQL; the database is dropped and made again) and REDIS_URL "
                          "(its database is flushed)")

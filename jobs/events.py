@@ -19,7 +19,7 @@ from django.utils import timezone
 from jobs.broadcast import event_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, status_among
 
 
 class RunLost(BaseException):
@@ -148,7 +148,7 @@ def event_append(
     with transaction.atomic():
         rows = Job.objects.filter(pk=job_id)
         if run_attempt is not None:
-            rows = rows.filter(status=Job.Status.PROCESSING, attempts=run_attempt)
+            rows = rows.filter(status_among([Job.Status.PROCESSING]), attempts=run_attempt)
         values = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), **(fields or {})}
         written = job_update_with_event(rows=rows, fields=values, type=type, step=step, status=status, message=message)
         if written is None:
@@ -184,7 +184,7 @@ def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
     return its stored result and write nothing. Returns `STEP_NOT_DONE` when the step is to run.
     Raises `RunLost` when the run no longer owns the job."""
     with transaction.atomic():
-        rows = Job.objects.filter(pk=job_id, status=Job.Status.PROCESSING, attempts=run_attempt).exclude(
+        rows = Job.objects.filter(status_among([Job.Status.PROCESSING]), pk=job_id, attempts=run_attempt).exclude(
             checkpoint__has_key=step
         )
         fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now()}
@@ -218,7 +218,7 @@ def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> 
             checkpoint: Any = merged
         else:
             checkpoint = _CheckpointAdd(step, value)
-        owned = Job.objects.filter(pk=job_id, status=Job.Status.PROCESSING, attempts=run_attempt)
+        owned = Job.objects.filter(status_among([Job.Status.PROCESSING]), pk=job_id, attempts=run_attempt)
         fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), "checkpoint": checkpoint}
         written = job_update_with_event(rows=owned, fields=fields, type="step", step=step, status="completed")
         if written is not None:

@@ -37,7 +37,7 @@ from django.conf import settings
 from django.db import connection
 
 from jobs.clock import db_now_plus
-from jobs.models import Job
+from jobs.models import Job, status_among
 from jobs.redis_clients import redis_client
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class Heartbeat:
                 started = time.monotonic()
                 # Processing or cancelled, under this run's attempt: the run is still alive.
                 renewed = Job.objects.filter(
-                    pk=ctx.job_id, attempts=ctx.attempt, status__in=[Job.Status.PROCESSING, Job.Status.CANCELLED]
+                    status_among([Job.Status.PROCESSING, Job.Status.CANCELLED]), pk=ctx.job_id, attempts=ctx.attempt
                 ).update(lease_expires_at=lease_deadline())
                 if renewed:
                     ctx.lease_until = started + settings.JOBS_LEASE_SECONDS

@@ -10,12 +10,34 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, models
-from django.db.models import Q
+from django.db.models import CharField, F, Func, Q
 from django.db.models.functions import Now
+from django.db.models.lookups import In
 from django.db.models.sql import UpdateQuery
 
 from jobs.presenters import event_text
 from jobs.timestamps import iso_utc
+
+
+class _NotThroughAnIndex(Func):
+    """A column as an expression (`status || ''`): the same value, but no index on the column can
+    answer a condition on it. See `status_among`."""
+
+    template = "(%(expressions)s || '')"
+    output_field = CharField()
+
+
+def status_among(statuses) -> In:
+    """The condition "the job's status is one of `statuses`", for a statement that names its job
+    by id (`filter(pk=…)`), as every move does.
+
+    Written on the plain column, PostgreSQL's planner may answer `id = X AND status IN (…)`
+    through the `(status, run_after)` index and filter on the id: each claim then reads every
+    pending job. It does so whenever its statistics say that status is rare (a new table, or one
+    analysed while few jobs waited), which is exactly when a backlog arrives: 3,000 queued jobs
+    made every claim read 3,000 rows. Through an expression the status is checked on the one row
+    the primary key finds (tests/jobs/test_statement_plans.py)."""
+    return In(_NotThroughAnIndex(F("status")), sorted(str(status) for status in statuses))
 
 
 class JobQuerySet(models.QuerySet):

@@ -17,7 +17,7 @@ from jobs.conflicts import retry_on_conflict
 from jobs.errors import ClaimDeferred, InvalidTransition, JobNotFound
 from jobs.events import RunLost
 from jobs.leases import lease_deadline
-from jobs.models import Job
+from jobs.models import Job, status_among
 from jobs.services import family, transitions
 from jobs.services.submitting import attempt_budget
 from jobs.services.transitions import job_transition
@@ -124,7 +124,8 @@ def run_lock(*, job_id: Any, attempt: int) -> None:
     takes that lock first) nor be made by a stale run. Precondition: inside `transaction.atomic`.
     One statement: the UPDATE takes the lock.
     """
-    if not Job.objects.filter(pk=job_id, status=Status.PROCESSING, attempts=attempt).update(feature_rows=True):
+    if not Job.objects.filter(status_among([Status.PROCESSING]), pk=job_id, attempts=attempt).update(
+            feature_rows=True):
         raise RunLost(f"job {job_id} is no longer run by attempt {attempt}")
 
 

@@ -19,7 +19,7 @@ from jobs.clock import db_now
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import job_update_with_event
 from jobs.extensions import transition_hooks_for
-from jobs.models import Job
+from jobs.models import Job, status_among
 from jobs.registry import kind_get
 
 Status = Job.Status
@@ -84,7 +84,7 @@ def job_transition(
     # A child's end wakes its gathering parent in the same transaction (jobs.services.family).
     family = to in Job.TERMINAL and has_parent is not False
     with _transition_transaction(alone=not any(not hook.before for hook in hooks) and not family):
-        rows = Job.objects.filter(pk=job_id, status__in=sources)
+        rows = Job.objects.filter(status_among(sources), pk=job_id)
         if only_attempt is not None:
             rows = rows.filter(attempts=only_attempt)
         if where is not None:

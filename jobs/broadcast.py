@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import threading
+from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
@@ -38,6 +39,8 @@ FEED_GROUP = "jobs"
 # Sends waiting in one process beyond this are dropped (and logged): with Redis down, memory
 # must not grow without bound. The log stays complete; clients catch up from the database.
 MAX_PENDING = 10_000
+# Messages taken from the queue at once: one round trip asks which of their groups anyone follows.
+BATCH = 500
 
 
 def job_group(job_id: Any) -> str:
@@ -47,16 +50,28 @@ def job_group(job_id: Any) -> str:
 
 
 class Publisher:
-    """One asyncio loop in a daemon thread and one channel layer, for one process."""
+    """One asyncio loop in a daemon thread and one channel layer, for one process.
+
+    Sends are queued and taken by the loop in batches: a batch asks Redis once which of its
+    groups anyone follows (`groups_followed`, one pipelined round trip) and sends only to those.
+    Most pushes go to a job nobody watches at that moment, and the feed when no page is open:
+    they then cost a share of one round trip, not a task and a round trip each. Messages keep
+    their order within a group; different groups go out concurrently.
+    """
 
     def __init__(self, alias: str = DEFAULT_CHANNEL_LAYER) -> None:
         self.pid = os.getpid()
         self.layer = channel_layers.make_backend(alias)
         self.loop = asyncio.new_event_loop()
-        self.pending = 0  # sends queued or in flight; only touched on the loop
-        self._tails: dict[str, asyncio.Future] = {}  # the last send of each group
+        self._queue: deque[tuple[str, dict[str, Any]]] = deque()  # appended by any thread
+        self._woken = False  # a wake-up of the loop is on its way (the loop clears it)
+        self._draining: asyncio.Task | None = None  # only touched on the loop
         self._thread = threading.Thread(target=self._run, name="job-event-publisher", daemon=True)
         self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -64,39 +79,60 @@ class Publisher:
 
     def send(self, group: str, message: dict[str, Any]) -> None:
         """Queue `message` for `group` and return at once (thread-safe)."""
-        self.loop.call_soon_threadsafe(self._enqueue, group, message)
+        if len(self._queue) >= MAX_PENDING:
+            logger.warning("job event publisher: %d sends pending, dropped one for %s", len(self._queue), group)
+            return
+        self._queue.append((group, message))
+        if not self._woken:  # one wake-up per batch, not one per message
+            self._woken = True
+            self.loop.call_soon_threadsafe(self._wake)
 
     # -- on the publisher's loop -------------------------------------------------------------
-    def _enqueue(self, group: str, message: dict[str, Any]) -> None:
-        if self.pending >= MAX_PENDING:
-            logger.warning("job event publisher: %d sends pending, dropped one for %s", self.pending, group)
-            return
-        self.pending += 1
-        task = self.loop.create_task(self._send_after(self._tails.get(group), group, message))
-        self._tails[group] = task
-        task.add_done_callback(lambda done: self._finished(group, done))
+    def _wake(self) -> None:
+        self._woken = False
+        if self._draining is None or self._draining.done():
+            self._draining = self.loop.create_task(self._drain_queue())
 
-    async def _send_after(self, previous: asyncio.Future | None, group: str, message: dict[str, Any]) -> None:
-        if previous is not None:
-            await asyncio.wait([previous])  # keep the group's order; its failure is not ours
-        await self.layer.group_send(group, message)
+    async def _drain_queue(self) -> None:
+        while self._queue:
+            batch = []
+            while self._queue and len(batch) < BATCH:
+                batch.append(self._queue.popleft())
+            try:
+                await self._send_batch(batch)
+            except Exception as exc:  # a lost push costs a client a database read, never an event
+                logger.warning("job event publish of %d message(s) failed: %s: %s", len(batch), type(exc).__name__,
+                               exc)
 
-    def _finished(self, group: str, task: asyncio.Task) -> None:
-        self.pending -= 1
-        if self._tails.get(group) is task:
-            del self._tails[group]
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            logger.warning("job event publish to %s failed: %s: %s", group, type(exc).__name__, exc)
+    async def _send_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> None:
+        by_group: dict[str, list[dict[str, Any]]] = {}
+        for group, message in batch:
+            by_group.setdefault(group, []).append(message)
+        followed = getattr(self.layer, "groups_followed", None)
+        if followed is not None:
+            watched = await followed(list(by_group))
+            by_group = {group: messages for group, messages in by_group.items() if group in watched}
+        if by_group:
+            await asyncio.gather(*(self._send_in_order(group, messages) for group, messages in by_group.items()))
 
-    async def _drain(self) -> None:
-        while self._tails:
-            await asyncio.wait(list(self._tails.values()))
+    async def _send_in_order(self, group: str, messages: list[dict[str, Any]]) -> None:
+        for message in messages:
+            try:
+                await self.layer.group_send(group, message)
+            except Exception as exc:
+                logger.warning("job event publish to %s failed: %s: %s", group, type(exc).__name__, exc)
+
+    async def _idle(self) -> None:
+        while self._queue or self._woken or (self._draining is not None and not self._draining.done()):
+            if self._draining is not None and not self._draining.done():
+                await asyncio.wait([self._draining])
+            else:
+                await asyncio.sleep(0.005)
 
     # -- from any thread -------------------------------------------------------------------
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued send has gone out (or failed); False on timeout."""
-        future: Future = asyncio.run_coroutine_threadsafe(self._drain(), self.loop)
+        future: Future = asyncio.run_coroutine_threadsafe(self._idle(), self.loop)
         try:
             future.result(timeout)
         except TimeoutError:

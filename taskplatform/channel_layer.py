@@ -82,6 +82,25 @@ class RedisChannelLayer(BaseRedisChannelLayer):
         if present:
             await super().group_send(group, message)
 
+    async def groups_followed(self, groups: list[str]) -> set[str]:
+        """Which of `groups` have a member: one pipelined round trip per Redis host for all of
+        them (expired members dropped first, as a send does). The publisher (`jobs.broadcast`)
+        asks this once per batch and sends only to those."""
+        by_host: dict[int, list[str]] = {}
+        for group in groups:
+            by_host.setdefault(self.consistent_hash(group), []).append(group)
+        oldest = int(time.time()) - self.group_expiry
+        followed: set[str] = set()
+        for index, names in by_host.items():
+            pipe = self.connection(index).pipeline(transaction=False)
+            for group in names:
+                key = self._group_key(group)
+                pipe.zremrangebyscore(key, min=0, max=oldest)
+                pipe.exists(key)
+            answers = await pipe.execute()
+            followed.update(group for group, present in zip(names, answers[1::2], strict=True) if present)
+        return followed
+
     async def receive_waiting(self, channel: str, limit: int = 100) -> list[dict]:
         """The messages already waiting for the process-specific `channel` (up to `limit`), in
         order, without blocking: one ZPOPMIN where `receive` spends four round trips per message.

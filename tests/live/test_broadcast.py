@@ -63,6 +63,7 @@ def test_many_publishes_share_one_loop_thread_and_one_layer_and_keep_their_order
 
 
 def test_publish_returns_at_once_even_when_redis_is_slow():
+    member_of("bench.slow")
     slow_sends = []
 
     async def slow_send(group, message):
@@ -96,11 +97,44 @@ def test_a_failed_push_never_fails_the_write(caplog):
     async def broken(group, message):
         raise ConnectionError("redis is down")
 
+    async def broken_check(groups):
+        raise ConnectionError("redis is down")
+
+    with mock.patch.object(publisher().layer, "groups_followed", broken_check), caplog.at_level(logging.WARNING):
+        event = event_append(job_id=job.pk, type="log", status="info", message={"text": "written, pushed nowhere"})
+        assert publisher().flush(5)
+    member_of(job_group(job.pk))
     with mock.patch.object(publisher().layer, "group_send", broken), caplog.at_level(logging.WARNING):
         event = event_append(job_id=job.pk, type="log", status="info", message={"text": "still written"})
         assert publisher().flush(5)
-    assert event.seq == 2 and job.events.count() == 2
-    assert "redis is down" in caplog.text
+    assert event.seq == 3 and job.events.count() == 3
+    assert "message(s) failed: ConnectionError: redis is down" in caplog.text  # the check
+    assert f"publish to {job_group(job.pk)} failed: ConnectionError: redis is down" in caplog.text  # the send
+
+
+def test_a_batch_asks_redis_once_which_groups_anyone_follows_and_sends_only_to_those():
+    channel = member_of("bench.followed")
+    asked, sent = [], []
+    layer = publisher().layer
+    real_followed, real_send = layer.groups_followed, layer.group_send
+
+    async def followed(groups):
+        asked.append(list(groups))
+        return await real_followed(groups)
+
+    async def send(group, message):
+        sent.append(group)
+        await real_send(group, message)
+
+    with mock.patch.object(layer, "groups_followed", followed), mock.patch.object(layer, "group_send", send):
+        publisher().loop.call_soon_threadsafe(time.sleep, 0.2)  # the loop is busy: the sends queue up
+        for number in range(300):
+            publish(f"bench.nobody.{number}", {"type": "test.message"})
+            publish("bench.followed", {"type": "test.message", "number": number})
+        assert publisher().flush(10)
+    assert len(asked) <= 2 and sum(len(groups) for groups in asked) == 301 + (len(asked) - 1)
+    assert set(sent) == {"bench.followed"} and len(sent) == 300
+    assert [message["number"] for message in received(channel, 300)] == list(range(300))
 
 
 def test_events_go_to_the_job_group_and_status_changes_to_the_feed():

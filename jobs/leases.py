@@ -99,7 +99,6 @@ class Heartbeat:
         self.terminate = terminate
         self._lock = threading.Lock()
         self._runs: dict[Any, JobContext] = {}
-        self._renewed_at = time.monotonic()
         self._redis: redis.Redis | None = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="job-lease-heartbeat", daemon=True)
@@ -128,8 +127,12 @@ class Heartbeat:
             if not runs:
                 continue
             self._look_for_drain(runs)
-            if time.monotonic() - self._renewed_at >= settings.JOBS_LEASE_SECONDS / 3:
-                self._renew(runs)
+            # Each run's lease is renewed once a third of it has passed since its claim or its last
+            # renewal: a run shorter than that is never renewed (its claim took the lease).
+            now = time.monotonic()
+            due = [ctx for ctx in runs if ctx.lease_until - now <= settings.JOBS_LEASE_SECONDS * 2 / 3]
+            if due:
+                self._renew(due)
             self._stop_overdue(runs)
 
     def _renew(self, runs: list[JobContext]) -> None:
@@ -148,7 +151,6 @@ class Heartbeat:
                     # Retried after a cancellation, or taken back: another run may have the job.
                     # Stop at the next ctx call, and renew nothing more.
                     ctx.lost = True
-            self._renewed_at = time.monotonic()
         except Exception as exc:  # the database restarting: try again at the next tick
             logger.warning("could not renew job leases: %s", exc)
         finally:

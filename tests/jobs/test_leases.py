@@ -165,6 +165,29 @@ def test_the_heartbeat_renews_the_leases_of_the_runs_in_its_process(settings):
 
 
 @pytest.mark.django_db
+def test_a_heartbeat_running_long_before_a_run_does_not_renew_it_before_a_third_of_its_lease(settings):
+    """Each run is renewed a third of a lease after its own claim, not on the process's clock: a
+    worker process up for hours once renewed a run claimed a moment before, at its first tick.
+    (In a test whose transaction the heartbeat's connection cannot see, that renewal found no
+    row and stopped a healthy run as lost.)"""
+    settings.JOBS_LEASE_SECONDS = 60
+    job = claimed()
+    beat = Heartbeat()
+    try:
+        with mock.patch.object(beat, "_renew") as renew:
+            beat._stopped.wait(1.5)  # the process has been up for a while
+            ctx = JobContext(job)
+            beat.add(ctx)
+            beat._stopped.wait(2.5)  # two ticks or more with the run in it
+            assert renew.call_count == 0 and not ctx.lost
+            ctx.lease_until -= 21  # a third of the lease later
+            wait_until(lambda: renew.call_count > 0, timeout=5, message="the run was not renewed")
+            assert renew.call_args.args[0] == [ctx]
+    finally:
+        beat.stop()
+
+
+@pytest.mark.django_db
 def test_a_cancelled_run_still_alive_after_the_grace_is_revoked_once_per_renewal():
     job = claimed(task_id="task-123")
     job_cancel(job_id=job.pk)

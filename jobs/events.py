@@ -9,6 +9,7 @@ scheduled only after that transaction commits.
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any
 
@@ -129,6 +130,21 @@ def job_update_with_event(
     return job, event
 
 
+def one_statement_write() -> AbstractContextManager:
+    """The transaction around a write that is ONE statement on PostgreSQL (a job's UPDATE with its
+    event's INSERT as a CTE, `job_update_with_event`): none of its own. Outside a transaction the
+    statement runs in autocommit, atomic on its own, and its after-commit work (the push, a
+    dispatch) runs right after it, as after a COMMIT: the BEGIN and the COMMIT round trips are
+    saved. Inside the caller's transaction it takes no savepoint (two more round trips): a
+    refusal found in Python (no row matched) leaves the caller's transaction as it was, and a
+    statement that fails aborts it, as any failed statement does; a caller that must survive a
+    failed write opens its own `atomic` around it. Elsewhere (SQLite: two statements) a
+    transaction of its own."""
+    if transaction.get_connection().vendor == "postgresql":
+        return nullcontext()
+    return transaction.atomic()
+
+
 def event_append(
     *,
     job_id: Any,
@@ -145,7 +161,7 @@ def event_append(
     longer `processing` under that attempt (cancelled, or reclaimed), nothing is written and
     `RunLost` is raised so the run stops.
     """
-    with transaction.atomic():
+    with one_statement_write():
         rows = Job.objects.filter(pk=job_id)
         if run_attempt is not None:
             rows = rows.filter(status_among([Job.Status.PROCESSING]), attempts=run_attempt)

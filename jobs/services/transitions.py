@@ -8,7 +8,7 @@ same transaction: the job's row is locked first, by the UPDATE, before any hook 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any, NoReturn
 
 from django.db import transaction
@@ -17,7 +17,7 @@ from django.db.models import F, Q
 from jobs.broker import dispatch_mark
 from jobs.clock import db_now
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
-from jobs.events import job_update_with_event
+from jobs.events import job_update_with_event, one_statement_write
 from jobs.extensions import transition_hooks_for
 from jobs.models import Job, status_among
 from jobs.registry import kind_get
@@ -139,16 +139,14 @@ def _refuse(job_id: Any, to: str) -> NoReturn:
 
 
 def _transition_transaction(*, alone: bool) -> AbstractContextManager:
-    """The transaction of one move. On PostgreSQL a move that writes nothing else (`alone`: no
-    transition hook runs after it, e.g. a job without an owner whose webhooks would be told, and
-    it holds nothing for a closing hook to close) is ONE statement, the UPDATE and its event's
-    INSERT as a CTE, and so atomic on its own: outside a caller's transaction it runs in
-    autocommit and saves the BEGIN and COMMIT round trips (every claim, and the outcome of an
-    ownerless job). Its after-commit work (the push, a dispatch) then runs right after the
-    statement, as after a COMMIT. A move that must close feature rows first opens its own."""
-    connection = transaction.get_connection()
-    if connection.vendor == "postgresql" and not connection.in_atomic_block and alone:
-        return nullcontext()
+    """The transaction of one move. A move that writes nothing else (`alone`: no transition hook
+    runs after it, e.g. a job without an owner whose webhooks would be told, and it holds nothing
+    for a closing hook to close) is ONE statement on PostgreSQL, the UPDATE and its event's
+    INSERT as a CTE: `one_statement_write` (no BEGIN and COMMIT outside a transaction, as for
+    every claim and the outcome of an ownerless job; no savepoint inside one, as for the resume
+    of an answered question). A move that must close feature rows first opens its own."""
+    if alone:
+        return one_statement_write()
     return transaction.atomic()
 
 

@@ -69,10 +69,6 @@ class Publisher:
         self._thread = threading.Thread(target=self._run, name="job-event-publisher", daemon=True)
         self._thread.start()
 
-    @property
-    def pending(self) -> int:
-        return len(self._queue)
-
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()

@@ -10,13 +10,17 @@ it creates and drops, and a Redis database it flushes. Then, one phase after ano
 
 1. **bare** — a plain Celery app (no Django; late acks, prefetch 1, the worker's concurrency),
    its worker started beside the platform, N no-op tasks until a Redis counter says all ran.
-2. **platform** — `manage.py submit demo.noop --count N`, as a user types it, timed until the
+2. **bare + SQL** — the same plain Celery app running, per job, the two statements the platform's
+   worker runs for a no-op job (taken from the platform at the start of the run) on copies of its
+   tables, the jobs submitted as `manage.py submit` writes them (bench/bare_durable.py): what
+   Celery, PostgreSQL and Redis cost for a job that survives a crash, without the platform's code.
+3. **platform** — `manage.py submit demo.noop --count N`, as a user types it, timed until the
    database says all N jobs are `completed`.
-3. **api** — 8 clients (a separate process) POST `/api/jobs/` with a token for `--api-seconds`,
+4. **api** — 8 clients (a separate process) POST `/api/jobs/` with a token for `--api-seconds`,
    while the workers run the jobs they submit: requests/s, p50, p99.
-4. **answer→processing** — `demo.review` jobs paused on their question; each is answered with
+5. **answer→processing** — `demo.review` jobs paused on their question; each is answered with
    `POST /api/questions/{id}/answer/` and timed until its `processing` event exists.
-5. **wake→running** — `demo.generate` jobs parked with `drop_callback`; each wake callback is
+6. **wake→running** — `demo.generate` jobs parked with `drop_callback`; each wake callback is
    POSTed and timed until its `processing` event exists.
 
 The total RSS of the platform's processes is taken idle and at the end of the platform phase.
@@ -230,6 +234,14 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 # --- Phases ------------------------------------------------------------------------------------------
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of process `pid` and its children so far."""
+    import psutil
+
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return round(sum(t.user + t.system for t in (p.cpu_times() for p in tree)), 2)
+
+
 def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
     """N no-op tasks of a plain Celery app, on a worker with the platform worker's settings."""
     import redis
@@ -254,15 +266,54 @@ def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
         wait_for(lambda: int(client.get(key) or 0) >= count, 600, f"{count} bare tasks", interval=0.02)
         seconds = time.perf_counter() - started
         client.delete(key, key + ":warm")
-        import psutil
-
-        tree = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
-        cpu = sum(t.user + t.system for t in (p.cpu_times() for p in tree))
         return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
-                "enqueue_seconds": round(enqueued, 3), "worker_cpu_seconds_with_start": round(cpu, 2)}
+                "enqueue_seconds": round(enqueued, 3), "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid)}
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
+
+
+def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
+    """bare Celery plus the platform's own SQL per job (bench/bare_durable.py), until the bench's
+    copy of the jobs table says all N are completed."""
+    import psycopg
+
+    from bench import bare_durable
+
+    statements_path = BASE_DIR / "var" / "bench-durable-statements.json"
+    statements_path.parent.mkdir(exist_ok=True)
+    statements_path.write_text(json.dumps(bare_durable.capture_statements()))
+    dsn = os.environ["DATABASE_URL"]
+    conn = psycopg.connect(dsn, autocommit=True)
+    bare_durable.create_tables(conn)
+    env = {**os.environ, "BARE_CELERY_BROKER": redis_url, "PYTHONPATH": str(BASE_DIR),
+           bare_durable.STATEMENTS_ENV: str(statements_path), "BENCH_DURABLE_DSN": dsn}
+    worker = subprocess.Popen(
+        [str(VENV_BIN / "celery"), "-A", "bench.bare_durable", "worker", "-l", "WARNING", "-c", str(concurrency),
+         "-Q", "durable", "--without-mingle", "--without-gossip", "--pool", "prefork"],
+        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        bare_durable.app.conf.broker_url = redis_url
+
+        def completed() -> int:
+            return conn.execute(f"SELECT count(*) FROM {bare_durable.JOBS} WHERE status = 'completed'").fetchone()[0]
+
+        bare_durable.submit(conn, 1)
+        wait_for(lambda: completed() >= 1, 60, "the durable baseline's first job")
+        conn.execute(f"TRUNCATE {bare_durable.EVENTS}, {bare_durable.JOBS}")
+        started = time.perf_counter()
+        bare_durable.submit(conn, count)
+        submitted = time.perf_counter() - started
+        wait_for(lambda: completed() >= count, 600, f"{count} durable baseline jobs", interval=0.25)
+        seconds = time.perf_counter() - started
+        return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
+                "submit_seconds": round(submitted, 3), "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
+                "statements": json.loads(statements_path.read_text())}
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+        conn.execute(f"DROP TABLE IF EXISTS {bare_durable.EVENTS}, {bare_durable.JOBS}")
+        conn.close()
 
 
 def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = None) -> dict[str, Any]:
@@ -452,7 +503,14 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
                                check=True).stdout.strip().splitlines()[-1]
         if "bare" in phases:
             result["bare"] = bare_phase(args.count, worker_concurrency, os.environ["REDIS_URL"])
-            print(f"  bare Celery   {result['bare']['per_second']:8.1f} tasks/s", flush=True)
+            print(f"  bare Celery   {result['bare']['per_second']:8.1f} tasks/s  (worker cpu "
+                  f"{result['bare']['worker_cpu_seconds_with_start']} s)", flush=True)
+        if "durable" in phases:
+            result["durable"] = durable_phase(args.count, worker_concurrency, os.environ["REDIS_URL"])
+            durable = result["durable"]
+            print(f"  bare + SQL    {durable['per_second']:8.1f} jobs/s  (the platform's two statements per job, no "
+                  f"Django; submitted in {durable['submit_seconds']} s, worker cpu "
+                  f"{durable['worker_cpu_seconds_with_start']} s)", flush=True)
         if "platform" in phases:
             result["platform"] = platform_phase(args.count, shipped, args.profile)
             run = result["platform"]
@@ -491,6 +549,13 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| no-op jobs end to end ({first['platform']['count']}) | bare Celery "
                      f"{first['bare']['per_second']}/s | {first['platform']['per_second']}/s = "
                      f"**{first['ratio']}×** | ≥ {AIMS['ratio']}× |")
+    if "durable" in first:
+        durable, bare = first["durable"]["per_second"], first.get("bare", {}).get("per_second")
+        share = f" = {round(durable / bare, 3)}× bare Celery" if bare else ""
+        ours = (f"{first['platform']['per_second']}/s = {round(first['platform']['per_second'] / durable, 3)}× "
+                "of it") if "platform" in first else "—"
+        lines.append(f"| the substrate's floor: bare Celery + the platform's two statements per job "
+                     f"({first['durable']['count']}) | {durable}/s{share} | {ours} | — |")
     if "api" in first:
         api = first["api"]
         lines.append(f"| `POST /api/jobs/`, {result['clients']} clients | — | **{api['per_second']}/s**, p50 "
@@ -505,11 +570,12 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append(f"| RSS of all the platform's processes | — | idle {first['rss_idle_mb']} MB, under load "
                  f"{first.get('platform', {}).get('rss_under_load_mb', '—')} MB | — |")
     if len(result["runs"]) > 1:
-        lines += ["", "| worker processes | web processes | bare Celery /s | platform jobs/s | ratio | API req/s "
-                  "| API p99 ms |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| worker processes | web processes | bare Celery /s | bare + SQL /s | platform jobs/s | ratio "
+                  "| API req/s | API p99 ms |", "|---|---|---|---|---|---|---|---|"]
         for run in result["runs"]:
             lines.append(f"| {run['worker_concurrency']} | {run['web_concurrency'] or 'default'} | "
                          f"{run.get('bare', {}).get('per_second', '—')} | "
+                         f"{run.get('durable', {}).get('per_second', '—')} | "
                          f"{run.get('platform', {}).get('per_second', '—')} | {run.get('ratio', '—')} | "
                          f"{run.get('api', {}).get('per_second', '—')} | {run.get('api', {}).get('p99', '—')} |")
     return "\n".join(lines) + "\n"
@@ -522,7 +588,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--resumes", type=int, default=100, help="jobs answered, and jobs woken, one at a time")
     parser.add_argument("--concurrency", type=int, default=2, help="WORKER_CONCURRENCY of the main run")
-    parser.add_argument("--phases", default="bare,platform,api,answer,wake")
+    parser.add_argument("--phases", default="bare,durable,platform,api,answer,wake")
     parser.add_argument("--scale", action="store_true",
                         help="also throughput at 1, 2, 4 worker processes and the API at 1, 2, 4 web processes")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
@@ -552,7 +618,7 @@ def main() -> int:
         for workers in (1, 2, 4):
             print(f"scale: {workers} worker processes", flush=True)
             runs.append(run_configuration(args, worker_concurrency=workers, web_concurrency=None,
-                                          phases={"bare", "platform"}))
+                                          phases={"bare", "durable", "platform"}))
         for web in (1, 2, 4):
             print(f"scale: {web} web processes", flush=True)
             runs.append(run_configuration(args, worker_concurrency=args.concurrency, web_concurrency=web,

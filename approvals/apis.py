@@ -96,6 +96,7 @@ class QuestionViewSet(UUIDLookup, viewsets.GenericViewSet):
             comment=body.validated_data["comment"],
             channel="api",
             client_address=request_client_address(request),
+            job_id=question.job_id,
         )
         return Response(QuestionSerializer(question).data)
 

@@ -122,7 +122,7 @@ def question_answer_view(request: HttpRequest, job_id: Any, question_id: Any) ->
         try:
             question = question_answer(
                 question_id=question.pk, user=request.user, answer=form.answer(), comment=form.comment(),
-                channel=Decision.Channel.WEB, client_address=request_client_address(request),
+                channel=Decision.Channel.WEB, client_address=request_client_address(request), job_id=question.job_id,
             )
         except InvalidAnswer as exc:
             form.add_answer_error(exc)

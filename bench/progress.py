@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -305,7 +306,15 @@ def client_main(args: argparse.Namespace) -> None:
 
 
 class Clients:
-    """Sockets (path, API key) spread over `procs` client processes; `ready()`, then `results()`."""
+    """Sockets (path, API key) spread over `procs` client processes; `ready()`, then `results()`.
+
+    `nice` (`--client-nice`): the client processes' niceness. The clients of a real server are on
+    other machines; here they share its two cores, and the kernel wakes a client process at every
+    frame the server writes to it, which then competes with the server's loop for a core. A
+    positive niceness gives the server (and the worker, PostgreSQL, Redis) the cores first: a
+    stand-in for clients elsewhere, to tell the server's share of the latency from the clients'."""
+
+    nice = 0
 
     def __init__(self, url: str, sockets: list[tuple[str, str]], procs: int) -> None:
         self.procs: list[subprocess.Popen] = []
@@ -320,7 +329,8 @@ class Clients:
             listing.with_suffix(".result.json").unlink(missing_ok=True)
             self.listings.append(listing)
             argv = [sys.executable, __file__, "--client-proc", "--url", url, "--sockets", str(listing)]
-            proc = subprocess.Popen(argv, cwd=BASE_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(argv, cwd=BASE_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                    preexec_fn=functools.partial(os.nice, self.nice) if self.nice else None)
             self.procs.append(proc)
 
     def ready(self) -> None:
@@ -672,6 +682,9 @@ def main() -> None:
     parser.add_argument("--server-workers", type=int, nargs="+", default=[1],
                         help="web processes (1 = make run's command line; N adds uvicorn's --workers N)")
     parser.add_argument("--client-procs", type=int, default=2, help="processes the clients are spread over")
+    parser.add_argument("--client-nice", type=int, default=0,
+                        help="niceness of the client processes (e.g. 19: the server's processes get the cores "
+                             "first, as with clients on other machines)")
     parser.add_argument("--no-write", action="store_true", help="print only; do not write bench/results/")
     parser.add_argument("--client-proc", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -683,6 +696,7 @@ def main() -> None:
     if args.period < 0.1:
         parser.error("--period below 0.1 s: ctx.progress coalesces reports closer than 100 ms")
 
+    Clients.nice = args.client_nice
     setup = prepare_environment()
     import django
 
@@ -726,7 +740,8 @@ def main() -> None:
     header = (
         f"{setup}; web and worker with `make run`'s command lines and environments (the web's DEBUG "
         f"{settings.DEBUG}, the worker's off); clients in "
-        f"{args.client_procs} process(es), {SOCKETS_PER_USER} sockets per user; {machine}; load average at start "
+        f"{args.client_procs} process(es){f' at niceness {args.client_nice}' if args.client_nice else ''}, "
+        f"{SOCKETS_PER_USER} sockets per user; {machine}; load average at start "
         f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}; commit {git_commit()}"
     )
     report = table(rows)

@@ -196,7 +196,8 @@ class Profile:
 
     wall = False
 
-    def __init__(self, shipped: Platform, service: str, seconds: float, out_dir: Path | None) -> None:
+    def __init__(self, shipped: Platform, service: str, seconds: float, out_dir: Path | None,
+                 name: str | None = None) -> None:
         self.proc = None
         self.path = None
         pid = shipped.service_pid(service) if out_dir else None
@@ -204,7 +205,7 @@ class Profile:
         if pid is None or not py_spy.exists():
             return
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.path = out_dir / f"{service}.txt"
+        self.path = out_dir / f"{name or service}.txt"
         self.proc = subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
                                       "--rate", "200", *(["--idle", "--threads"] if self.wall else ["--gil"]),
                                       "--duration", str(int(seconds)), "--format", "raw",
@@ -407,7 +408,7 @@ def drained() -> None:
              "the earlier phases' jobs finishing", interval=0.2)
 
 
-def answer_phase(shipped: Platform, token: str, jobs: int) -> dict[str, Any]:
+def answer_phase(shipped: Platform, token: str, jobs: int, profile_dir: Path | None = None) -> dict[str, Any]:
     """Answer paused `demo.review` jobs one at a time; answer POST → `processing` event."""
     import httpx
 
@@ -419,16 +420,21 @@ def answer_phase(shipped: Platform, token: str, jobs: int) -> dict[str, Any]:
     ids = [job_submit(kind="demo.review", input={"document": f"bench {i}"})[0].pk for i in range(jobs)]
     wait_for(lambda: Question.objects.filter(job_id__in=ids, status="open").count() == len(ids), 120,
              "the review jobs pausing on their questions", interval=0.2)
-    latencies = []
+    latencies, responses = [], []
+    # The web server while it answers (`--profile`): in `answer_web.txt`, its top frames in the results.
+    profile = Profile(shipped, "web", jobs * 0.08, profile_dir, name="answer_web")
     with httpx.Client(base_url=shipped.url, timeout=10, headers={"Authorization": f"Token {token}"}) as client:
         for question in Question.objects.filter(job_id__in=ids, status="open"):
             time.sleep(0.05)  # one at a time, as reviewers do
             sent = datetime.now(UTC)
             response = client.post(f"/api/questions/{question.pk}/answer/", json={"answer": {"approved": True}})
+            responses.append((datetime.now(UTC) - sent).total_seconds() * 1000)
             if response.status_code != 200:
                 raise SystemExit(f"bench: answer refused: {response.status_code} {response.text[:300]}")
             latencies.append(processing_after(question.job_id, sent))
-    return summary_ms(latencies)
+    # The answer's own request (its response, which comes after the commit that dispatches the job),
+    # beside the figure: how much of the wait is the request, how much the worker's hand-off.
+    return {**summary_ms(latencies), "response_ms": summary_ms(responses), "profile_web": profile.top()}
 
 
 def wake_phase(shipped: Platform, jobs: int) -> dict[str, Any]:
@@ -445,16 +451,18 @@ def wake_phase(shipped: Platform, jobs: int) -> dict[str, Any]:
            for i in range(jobs)]
     wait_for(lambda: Wait.objects.filter(job_id__in=ids, job__status="waiting").count() == len(ids), 120,
              "the generate jobs parking", interval=0.2)
-    latencies = []
+    latencies, responses = [], []
     with httpx.Client(timeout=10) as client:
         for wait in Wait.objects.filter(job_id__in=ids):
             time.sleep(0.05)
             url = generation_get(wait.external_id)["callback_url"]
             sent = datetime.now(UTC)
-            if client.post(url).status_code != 202:
+            status = client.post(url).status_code
+            responses.append((datetime.now(UTC) - sent).total_seconds() * 1000)
+            if status != 202:
                 raise SystemExit(f"bench: wake of job {wait.job_id} refused")
             latencies.append(processing_after(wait.job_id, sent))
-    return summary_ms(latencies)
+    return {**summary_ms(latencies), "response_ms": summary_ms(responses)}
 
 
 # --- One configuration --------------------------------------------------------------------------------
@@ -525,8 +533,9 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
             print(f"  API           {api['per_second']:8.1f} req/s  p50 {api['p50']} ms  p99 {api['p99']} ms  "
                   f"errors {api['errors']}  cpu {api['cpu_seconds']}", flush=True)
         if "answer" in phases:
-            result["answer_to_processing_ms"] = answer_phase(shipped, token, args.resumes)
-            print(f"  answer→processing {result['answer_to_processing_ms']}", flush=True)
+            result["answer_to_processing_ms"] = answer_phase(shipped, token, args.resumes, args.profile)
+            shown = {k: v for k, v in result["answer_to_processing_ms"].items() if k != "profile_web"}
+            print(f"  answer→processing {shown}", flush=True)
         if "wake" in phases:
             result["wake_to_running_ms"] = wake_phase(shipped, args.resumes)
             print(f"  wake→running      {result['wake_to_running_ms']}", flush=True)

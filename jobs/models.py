@@ -84,8 +84,15 @@ class JobQuerySet(models.QuerySet):
 
 
 def _converters(connection, field) -> list:
-    col = field.get_col(field.model._meta.db_table)
-    return connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+    """The converters of `field`'s column on `connection`, worked out once per connection (they
+    are the backend's and the field's, fixed for both): this runs for every column of every move."""
+    cache = connection.__dict__.setdefault("_taskplatform_converters", {})
+    try:
+        return cache[field]
+    except KeyError:
+        col = field.get_col(field.model._meta.db_table)
+        found = cache[field] = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+        return found
 
 
 class Job(models.Model):

@@ -241,7 +241,7 @@ class QuestionAdmin(admin.ModelAdmin):
         try:
             question = question_answer(
                 question_id=question.pk, user=request.user, answer=form.answer(), comment=form.comment(),
-                channel=Decision.Channel.ADMIN, client_address=request_client_address(request),
+                channel=Decision.Channel.ADMIN, client_address=request_client_address(request), job_id=question.job_id,
             )
         except PlatformError as exc:
             self.message_user(request, f"The answer was not recorded: {exc.message}", messages.ERROR)
@@ -261,6 +261,7 @@ class QuestionAdmin(admin.ModelAdmin):
                 answered = question_answer(
                     question_id=question.pk, user=request.user, answer=answer, comment=reason,
                     channel=Decision.Channel.ADMIN, client_address=request_client_address(request),
+                    job_id=question.job_id,
                 )
             except PlatformError as exc:
                 refused.append(f"“{question.prompt[:40]}” ({str(question.pk)[:8]}): {exc.message}")

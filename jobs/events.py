@@ -96,7 +96,7 @@ def _event_insert(event: JobEvent) -> None:
 
 def job_update_with_event(
     *, rows: QuerySet[Job], fields: dict[str, Any], type: str, step: str = "", status: str = "",
-    message: dict | None = None,
+    message: dict | None = None, statement: tuple[str, list] | None = None,
 ) -> tuple[Job, JobEvent] | None:
     """Update the one job `rows` selects and append its event, numbered by the updated
     `event_seq`; publish the event once the transaction commits. Returns both rows, or None
@@ -104,7 +104,8 @@ def job_update_with_event(
 
     Precondition: the caller holds a transaction, and `fields` bumps `event_seq`. On
     PostgreSQL the update and the insert are one statement (a data-modifying CTE): this is the
-    path every status change and every progress report takes.
+    path every status change and every progress report takes. `statement`: the UPDATE already
+    built for `rows` and `fields` (`jobs.statements.move_statement`), used instead of them.
     """
     now = timezone.now()  # host clock: shown to people, never compared across hosts
     event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=now)
@@ -115,13 +116,13 @@ def job_update_with_event(
             f"{_event_insert_prefix(connection)} SELECT j.id, j.event_seq, {', '.join(['%s'] * len(tail))} FROM j",
             _event_params(event, tail, connection),
         )
-        job = rows.update_returning(then_insert=insert, **fields)
+        job = rows.update_returning(then_insert=insert, statement=statement, **fields)
         if job is None:
             return None
         event.job_id, event.seq = job.pk, job.event_seq
         _event_saved(event, job._inserted_id)
     else:
-        job = rows.update_returning(**fields)
+        job = rows.update_returning(statement=statement, **fields)
         if job is None:
             return None
         event.job_id, event.seq = job.pk, job.event_seq

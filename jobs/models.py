@@ -41,7 +41,8 @@ def status_among(statuses) -> In:
 
 
 class JobQuerySet(models.QuerySet):
-    def update_returning(self, *, then_insert: tuple[str, list] | None = None, **fields: Any) -> Job | None:
+    def update_returning(self, *, then_insert: tuple[str, list] | None = None,
+                         statement: tuple[str, list] | None = None, **fields: Any) -> Job | None:
         """Run one `UPDATE … WHERE … RETURNING *` and return the updated row, or None.
 
         This is how a job is claimed and moved in one statement: the WHERE clause carries the
@@ -52,11 +53,17 @@ class JobQuerySet(models.QuerySet):
         `then_insert` is `(sql, params)` of an `INSERT … SELECT … FROM j` to run in the same
         statement as a data-modifying CTE (PostgreSQL only), where `j` is the updated row: one
         round trip instead of two. The inserted row's id is then set as `job._inserted_id`.
+
+        `statement`: the `UPDATE … WHERE …` and its parameters, already built (`jobs.statements`);
+        then this queryset's filters and `fields` are not used.
         """
-        query = self.query.chain(UpdateQuery)
-        query.add_update_values(fields)
         connection = connections[self.db]
-        sql, params = query.get_compiler(self.db).as_sql()
+        if statement is None:
+            query = self.query.chain(UpdateQuery)
+            query.add_update_values(fields)
+            sql, params = query.get_compiler(self.db).as_sql()
+        else:
+            sql, params = statement
         concrete = self.model._meta.concrete_fields
         columns = ", ".join(connection.ops.quote_name(f.column) for f in concrete)
         sql = f"{sql} RETURNING {columns}"

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any, NoReturn
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import F, Q
 
 from jobs.broker import dispatch_mark
@@ -19,8 +20,9 @@ from jobs.clock import db_now
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import job_update_with_event, one_statement_write
 from jobs.extensions import transition_hooks_for
-from jobs.models import Job, status_among
+from jobs.models import Job
 from jobs.registry import kind_get
+from jobs.statements import MoveRows, move_statement
 
 Status = Job.Status
 
@@ -84,20 +86,20 @@ def job_transition(
     # A child's end wakes its gathering parent in the same transaction (jobs.services.family).
     family = to in Job.TERMINAL and has_parent is not False
     with _transition_transaction(alone=not any(not hook.before for hook in hooks) and not family):
-        rows = Job.objects.filter(status_among(sources), pk=job_id)
-        if only_attempt is not None:
-            rows = rows.filter(attempts=only_attempt)
-        if where is not None:
-            rows = rows.filter(where)
+        move = MoveRows(job_id=job_id, sources=frozenset(sources), only_attempt=only_attempt, where=where)
+        jobs = Job.objects.all()
+        connection = connections[jobs.db]
         if before:
             # A job that holds no feature rows has nothing to close: the one statement, as usual.
-            written = job_update_with_event(rows=rows.filter(feature_rows=False), fields=values, type="status",
-                                            status=to, message=message)
+            statement = move_statement(replace(move, no_feature_rows=True), values, connection)
+            written = job_update_with_event(rows=jobs, statement=statement, fields=values, type="status", status=to,
+                                            message=message)
             if written is None:
-                written = _move_closing_first(rows, before, job_id=job_id, to=to, fields=values, message=message,
-                                              actor=actor, channel=channel)
+                written = _move_closing_first(move.queryset(), before, job_id=job_id, to=to, fields=values,
+                                              message=message, actor=actor, channel=channel)
         else:
-            written = job_update_with_event(rows=rows, fields=values, type="status", status=to, message=message)
+            written = job_update_with_event(rows=jobs, statement=move_statement(move, values, connection),
+                                            fields=values, type="status", status=to, message=message)
         if written is None:
             _refuse(job_id, to)
         job = written[0]

@@ -19,3 +19,5 @@ CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"{REDIS_KEY_PREFIX}asgi"  # noq
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testkinds", "tests.waitkinds", "tests.prodkinds"]  # noqa: F405
 CACHES["default"]["KEY_PREFIX"] = REDIS_KEY_PREFIX  # noqa: F405
+# Every reuse of a kept move statement is compared with the ORM's (jobs/statements.py).
+JOBS_CHECK_MOVE_STATEMENTS = True

@@ -1,0 +1,222 @@
+"""A move's UPDATE, built by the ORM once per shape and reused with each move's own values.
+
+Every status change is one `UPDATE jobs_job SET … WHERE … RETURNING …` (`JobQuerySet.update_returning`).
+Building it through the ORM (the queryset's filters, resolving the SET expressions, compiling)
+was about half of a pool process's CPU for a no-op job, for a statement whose text is the same
+for every claim, every outcome, every resume. So the first move of each *shape* is built by the
+ORM as before; the text and the parameters it produced are kept, with the places in the
+parameters that hold this move's own values (the job's id, the run's attempt, each plain value
+written). A later move of the same shape takes the kept text and puts its values in those places,
+prepared by the same field methods the ORM uses.
+
+The shape is everything that decides the text: the source statuses, whether the move is fenced
+to an attempt, the extra condition (`where`, by its `repr`), whether it requires no feature rows,
+and, for each column written, whether its value is NULL, a plain value, or which expression. Only
+expressions built from the kinds whose `repr` shows all of them (`F`, `Value`, `Now`, arithmetic
+on them, `ExpressionWrapper`) and conditions whose values are plain take part; anything else is
+built by the ORM every time, as before.
+
+Under the test settings (`JOBS_CHECK_MOVE_STATEMENTS`) every reuse is also built by the ORM
+and compared, text and parameters: the whole suite checks the kept statements.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import EmptyResultSet, FullResultSet
+from django.db.models import F, Q, QuerySet, Value
+from django.db.models.expressions import Col, CombinedExpression, ExpressionWrapper
+from django.db.models.functions import Now
+from django.db.models.lookups import Exact
+from django.db.models.sql.subqueries import UpdateQuery
+
+from jobs.models import Job, status_among
+
+# Shapes kept per process; past this many (a condition with ever-new values), all are dropped.
+MAX_SHAPES = 512
+_EXPRESSIONS = (F, Value, Now, CombinedExpression, ExpressionWrapper, Col)
+_PLAIN = (type(None), bool, int, float, str, decimal.Decimal, uuid.UUID, datetime.datetime, datetime.date,
+          datetime.timedelta)
+
+
+@dataclass(frozen=True)
+class MoveRows:
+    """The one job a move selects: by id, in one of `sources`, at run `only_attempt` (when
+    given), matching `where` (when given), and holding no feature rows (`no_feature_rows`)."""
+
+    job_id: Any
+    sources: frozenset[str]
+    only_attempt: int | None = None
+    where: Q | None = None
+    no_feature_rows: bool = False
+
+    def queryset(self) -> QuerySet[Job]:
+        rows = Job.objects.filter(status_among(self.sources), pk=self.job_id)
+        if self.only_attempt is not None:
+            rows = rows.filter(attempts=self.only_attempt)
+        if self.where is not None:
+            rows = rows.filter(self.where)
+        if self.no_feature_rows:
+            rows = rows.filter(feature_rows=False)
+        return rows
+
+    def shape(self) -> tuple | None:
+        where = None
+        if self.where is not None:
+            if not _plain_condition(self.where):
+                return None
+            where = repr(self.where)
+        return (tuple(sorted(self.sources)), self.only_attempt is not None, where, self.no_feature_rows)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    sql: str
+    params: tuple
+    # (index in params, where the value comes from: a column's name, "pk" or "attempts", the field)
+    slots: tuple[tuple[int, str, Any], ...]
+
+
+_kept: dict[tuple, _Kept] = {}
+
+
+def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str, list]:
+    """The `UPDATE … WHERE …` (without RETURNING) that writes `fields` to `rows`, and its
+    parameters: kept from an earlier move of the same shape when there is one."""
+    key = _key(rows, fields, connection)
+    kept = _kept.get(key) if key is not None else None
+    if kept is None:
+        sql, params, slots = _build(rows, fields, connection)
+        if key is not None and slots is not None:
+            if len(_kept) >= MAX_SHAPES:
+                _kept.clear()
+            _kept[key] = _Kept(sql, tuple(params), slots)
+        return sql, list(params)
+    params = list(kept.params)
+    for index, source, field in kept.slots:
+        if source == "pk":
+            params[index] = _lookup_value(field, rows.job_id, connection)
+        elif source == "attempts":
+            params[index] = _lookup_value(field, rows.only_attempt, connection)
+        else:
+            params[index] = field.get_db_prep_save(fields[source], connection=connection)
+    if settings.JOBS_CHECK_MOVE_STATEMENTS:
+        _check(rows, fields, connection, kept.sql, params)
+    return kept.sql, params
+
+
+def _key(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple | None:
+    shape = rows.shape()
+    if shape is None:
+        return None
+    written = []
+    for name, value in fields.items():
+        kind = _value_kind(value)
+        if kind is None:
+            return None
+        written.append((name, kind))
+    return connection.alias, shape, tuple(written)
+
+
+def _value_kind(value: Any) -> Any:
+    """How a written value shapes the statement: NULL, a parameter, or this expression."""
+    if value is None:
+        return "null"
+    if hasattr(value, "resolve_expression"):
+        return ("expression", repr(value)) if _known_expression(value) else None
+    if hasattr(value, "prepare_database_save"):
+        return None  # a model instance: the ORM's way
+    return "value"
+
+
+def _known_expression(expression: Any) -> bool:
+    if not isinstance(expression, _EXPRESSIONS):
+        return False
+    if isinstance(expression, Value):
+        return isinstance(expression.value, _PLAIN)
+    if isinstance(expression, F):
+        return True  # a column by its name (not an expression: no sources)
+    return all(_known_expression(source) for source in expression.get_source_expressions())
+
+
+def _plain_condition(condition: Q) -> bool:
+    for child in condition.children:
+        if isinstance(child, Q):
+            if not _plain_condition(child):
+                return False
+            continue
+        _, value = child
+        if hasattr(value, "resolve_expression"):
+            if not _known_expression(value):
+                return False
+        elif not isinstance(value, _PLAIN):
+            return False
+    return True
+
+
+def _lookup_value(field: Any, value: Any, connection: Any) -> Any:
+    """A value compared with `field` in a WHERE, as an `exact` lookup prepares it."""
+    return field.get_db_prep_value(field.get_prep_value(value), connection, prepared=True)
+
+
+def _compiled(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[Any, Any, str, tuple]:
+    query = rows.queryset().query.chain(UpdateQuery)
+    query.add_update_values(fields)
+    compiler = query.get_compiler(connection=connection)
+    sql, params = compiler.as_sql()
+    return query, compiler, sql, params
+
+
+def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str, tuple, tuple | None]:
+    """The ORM's statement, and where this move's own values sit in its parameters (None: they
+    could not be told apart, and the statement is not kept)."""
+    query, compiler, sql, params = _compiled(rows, fields, connection)
+    if len(query.values) != len(fields) or query.related_updates:
+        return sql, params, None
+    slots: list[tuple[int, str, Any]] = []
+    index = 0
+    for (name, _), (field, _model, value) in zip(fields.items(), query.values, strict=True):
+        if hasattr(value, "resolve_expression"):
+            resolved = value.resolve_expression(query, allow_joins=False, for_save=True)
+            index += len(compiler.compile(resolved)[1])
+            continue
+        prepared = field.get_db_prep_save(value, connection=connection)
+        if hasattr(prepared, "as_sql"):
+            return sql, params, None
+        if prepared is not None:
+            slots.append((index, name, field))
+            index += 1
+    for child in query.where.children:
+        try:
+            count = len(compiler.compile(child)[1])
+        except (EmptyResultSet, FullResultSet):  # the WHERE leaves such a child out: not kept
+            return sql, params, None
+        if isinstance(child, Exact) and isinstance(child.lhs, Col):
+            target = child.lhs.target
+            source = "pk" if target.primary_key else "attempts" if target.name == "attempts" else None
+            if source is not None:
+                if count != 1:
+                    return sql, params, None
+                slots.append((index, source, target))
+        index += count
+    if index != len(params):
+        return sql, params, None
+    return sql, params, tuple(slots)
+
+
+def _check(rows: MoveRows, fields: dict[str, Any], connection: Any, sql: str, params: list) -> None:
+    _, _, expected_sql, expected_params = _compiled(rows, fields, connection)
+    if sql != expected_sql or [_comparable(p) for p in params] != [_comparable(p) for p in expected_params]:
+        raise AssertionError(f"a kept move statement differs from the ORM's:\n{sql}\n{params}\n"
+                             f"{expected_sql}\n{list(expected_params)}")
+
+
+def _comparable(param: Any) -> Any:
+    # psycopg's adapters (Jsonb) compare by identity: compare what they carry.
+    return (type(param).__name__, param.obj) if hasattr(param, "obj") else param

@@ -1,0 +1,116 @@
+"""The kept move statements (jobs/statements.py): built by the ORM once per shape, then reused
+with each move's own values. The test settings compare every reuse with the ORM's statement
+(`JOBS_CHECK_MOVE_STATEMENTS`), so the whole suite checks them; these tests check that the
+reuse happens, that the comparison catches a wrong statement, and what is never kept."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from django.db import connection
+from django.db.models import F, Func, IntegerField
+from django.test.utils import CaptureQueriesContext
+
+from jobs import statements
+from jobs.models import Job
+from jobs.services import job_claim, job_complete
+from jobs.services.submitting import job_submit
+from jobs.services.transitions import job_transition
+from jobs.statements import MoveRows, move_statement
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(monkeypatch):
+    monkeypatch.setattr(statements, "_kept", {})
+
+
+def _pending(count: int, monkeypatch) -> list[Job]:
+    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
+    return [job_submit(kind="demo.noop", input={})[0] for _ in range(count)]
+
+
+def test_a_second_move_of_the_same_shape_reuses_the_statement_with_its_own_values(monkeypatch):
+    first, second = _pending(2, monkeypatch)
+    built = []
+    real_build = statements._build
+    monkeypatch.setattr(statements, "_build", lambda *a, **k: built.append(1) or real_build(*a, **k))
+
+    with CaptureQueriesContext(connection) as one:
+        job_claim(job_id=first.pk, worker="w1 pid 1", task_id="t-1")
+    with CaptureQueriesContext(connection) as two:
+        claimed = job_claim(job_id=second.pk, worker="w2 pid 2", task_id="t-2")
+
+    assert len(built) == 1, "the second claim was built by the ORM again"
+    assert (claimed.worker, claimed.task_id, claimed.attempts, claimed.status) == ("w2 pid 2", "t-2", 1, "processing")
+    first.refresh_from_db()
+    assert (first.worker, first.task_id, first.status) == ("w1 pid 1", "t-1", "processing")
+    # The same text, each with its own job's id and values.
+    assert one.captured_queries[0]["sql"].replace(first.pk.hex, "X").replace("w1 pid 1", "W").replace("t-1", "T") \
+        .split(" i AS (")[0] == two.captured_queries[0]["sql"].replace(second.pk.hex, "X") \
+        .replace("w2 pid 2", "W").replace("t-2", "T").split(" i AS (")[0]
+    completed = job_complete(job=claimed, result={"n": 2})
+    assert completed.status == "completed" and completed.result == {"n": 2}
+
+
+def test_the_check_catches_a_kept_statement_that_differs_from_the_orms(monkeypatch, settings):
+    first, second = _pending(2, monkeypatch)
+    job_claim(job_id=first.pk, worker="w1", task_id="t-1")
+    (key, kept), = statements._kept.items()
+    # Swap two of the move's own values (the worker and the task id): a wrong statement.
+    slots = list(kept.slots)
+    worker = next(i for i, slot in enumerate(slots) if slot[1] == "worker")
+    task = next(i for i, slot in enumerate(slots) if slot[1] == "task_id")
+    slots[worker], slots[task] = (slots[task][0], *slots[worker][1:]), (slots[worker][0], *slots[task][1:])
+    statements._kept[key] = replace(kept, slots=tuple(slots))
+
+    settings.JOBS_CHECK_MOVE_STATEMENTS = True
+    with pytest.raises(AssertionError, match="differs from the ORM's"):
+        job_claim(job_id=second.pk, worker="w2", task_id="t-2")
+
+
+class _Twice(Func):
+    template = "(%(expressions)s * 2)"
+    output_field = IntegerField()
+
+
+def test_what_is_not_kept_is_built_by_the_orm_every_time(monkeypatch):
+    job, = _pending(1, monkeypatch)
+    rows = MoveRows(job_id=job.pk, sources=frozenset({"pending"}))
+    fields = {"hand_backs": _Twice(F("hand_backs")), "event_seq": F("event_seq") + 1}
+    for _ in range(2):
+        sql, params = move_statement(rows, fields, connection)
+        assert "* 2" in sql
+    assert statements._kept == {}, "an expression of an unknown kind was kept"
+    # A model instance as a value, and a condition holding one, are not kept either.
+    assert statements._value_kind(job) is None
+    assert MoveRows(job_id=job.pk, sources=frozenset({"pending"}), where=_q_with(job)).shape() is None
+    # Nor a condition the WHERE leaves out (always true for the column's range).
+    from django.db.models import Q
+
+    move_statement(MoveRows(job_id=job.pk, sources=frozenset({"pending"}), where=Q(max_attempts__gte=-1)),
+                   {"event_seq": F("event_seq") + 1}, connection)
+    assert statements._kept == {}
+    # The move itself works as before.
+    moved = job_transition(job_id=job.pk, to="cancelled", fields={"hand_backs": _Twice(F("hand_backs"))})
+    assert moved.status == "cancelled"
+
+
+def _q_with(value):
+    from django.db.models import Q
+
+    return Q(parent=value)
+
+
+def test_a_full_cache_is_dropped_not_grown(monkeypatch):
+    monkeypatch.setattr(statements, "MAX_SHAPES", 3)
+    jobs = _pending(5, monkeypatch)
+    for index, job in enumerate(jobs):
+        # A different `where` each time: a new shape each time.
+        from django.db.models import Q
+
+        job_transition(job_id=job.pk, to="cancelled", where=Q(max_attempts__lte=100 + index))
+        assert len(statements._kept) <= 3
+    assert all(Job.objects.get(pk=job.pk).status == "cancelled" for job in jobs)

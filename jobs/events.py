@@ -21,6 +21,7 @@ from jobs.broadcast import event_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
 from jobs.models import Job, JobEvent, status_among
+from jobs.statements import MoveRows, move_statement
 
 
 class RunLost(BaseException):
@@ -163,11 +164,14 @@ def event_append(
     `RunLost` is raised so the run stops.
     """
     with one_statement_write():
-        rows = Job.objects.filter(pk=job_id)
-        if run_attempt is not None:
-            rows = rows.filter(status_among([Job.Status.PROCESSING]), attempts=run_attempt)
+        if run_attempt is None:
+            rows = MoveRows(job_id=job_id, sources=None)
+        else:
+            rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt)
         values = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), **(fields or {})}
-        written = job_update_with_event(rows=rows, fields=values, type=type, step=step, status=status, message=message)
+        jobs = Job.objects.all()
+        written = job_update_with_event(rows=jobs, statement=move_statement(rows, values, connections[jobs.db]),
+                                        fields=values, type=type, step=step, status=status, message=message)
         if written is None:
             if run_attempt is not None:
                 raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}")

@@ -1,6 +1,7 @@
 """A move's UPDATE, built by the ORM once per shape and reused with each move's own values.
 
-Every status change is one `UPDATE jobs_job SET … WHERE … RETURNING …` (`JobQuerySet.update_returning`).
+Every status change and every event a run appends (progress, a question asked or answered) is one
+`UPDATE jobs_job SET … WHERE … RETURNING …` (`JobQuerySet.update_returning`).
 Building it through the ORM (the queryset's filters, resolving the SET expressions, compiling)
 was about half of a pool process's CPU for a no-op job, for a statement whose text is the same
 for every claim, every outcome, every resume. So the first move of each *shape* is built by the
@@ -47,17 +48,21 @@ _PLAIN = (type(None), bool, int, float, str, decimal.Decimal, uuid.UUID, datetim
 
 @dataclass(frozen=True)
 class MoveRows:
-    """The one job a move selects: by id, in one of `sources`, at run `only_attempt` (when
-    given), matching `where` (when given), and holding no feature rows (`no_feature_rows`)."""
+    """The one job a move selects: by id, in one of `sources` (None: in any status), at run
+    `only_attempt` (when given), matching `where` (when given), and holding no feature rows
+    (`no_feature_rows`)."""
 
     job_id: Any
-    sources: frozenset[str]
+    sources: frozenset[str] | None
     only_attempt: int | None = None
     where: Q | None = None
     no_feature_rows: bool = False
 
     def queryset(self) -> QuerySet[Job]:
-        rows = Job.objects.filter(status_among(self.sources), pk=self.job_id)
+        if self.sources is None:
+            rows = Job.objects.filter(pk=self.job_id)
+        else:
+            rows = Job.objects.filter(status_among(self.sources), pk=self.job_id)
         if self.only_attempt is not None:
             rows = rows.filter(attempts=self.only_attempt)
         if self.where is not None:
@@ -72,7 +77,8 @@ class MoveRows:
             if not _plain_condition(self.where):
                 return None
             where = repr(self.where)
-        return (tuple(sorted(self.sources)), self.only_attempt is not None, where, self.no_feature_rows)
+        sources = None if self.sources is None else tuple(sorted(self.sources))
+        return (sources, self.only_attempt is not None, where, self.no_feature_rows)
 
 
 @dataclass(frozen=True)

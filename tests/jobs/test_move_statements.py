@@ -114,3 +114,19 @@ def test_a_full_cache_is_dropped_not_grown(monkeypatch):
         job_transition(job_id=job.pk, to="cancelled", where=Q(max_attempts__lte=100 + index))
         assert len(statements._kept) <= 3
     assert all(Job.objects.get(pk=job.pk).status == "cancelled" for job in jobs)
+
+
+def test_a_runs_progress_reports_reuse_one_statement(monkeypatch):
+    from jobs.events import event_append
+
+    job, = _pending(1, monkeypatch)
+    claimed = job_claim(job_id=job.pk, worker="w", task_id="t")
+    built = []
+    real_build = statements._build
+    monkeypatch.setattr(statements, "_build", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    for fraction in (0.25, 0.5, 0.75):
+        event_append(job_id=job.pk, type="progress", message={"fraction": fraction}, run_attempt=claimed.attempts,
+                     fields={"progress_fraction": fraction, "progress_text": f"{fraction}"})
+    assert len(built) == 1
+    job.refresh_from_db()
+    assert (job.progress_fraction, job.progress_text, job.event_seq) == (0.75, "0.75", claimed.event_seq + 3)

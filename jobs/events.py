@@ -20,8 +20,8 @@ from django.utils import timezone
 from jobs.broadcast import event_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
-from jobs.models import Job, JobEvent, status_among
-from jobs.statements import MoveRows, move_statement
+from jobs.models import Job, JobEvent
+from jobs.statements import KeptExpression, MoveRows, move_statement
 
 
 class RunLost(BaseException):
@@ -179,14 +179,22 @@ def event_append(
         return written[1]
 
 
-class _CheckpointAdd(Func):
+class _CheckpointAdd(KeptExpression, Func):
     """`checkpoint` with `{name: value}` added unless `name` is already there (the stored result
-    wins): PostgreSQL's `jsonb || jsonb` keeps the right side's keys."""
+    wins): PostgreSQL's `jsonb || jsonb` keeps the right side's keys. Its SQL is the same for
+    every step, so a step's checkpoint is a kept statement (`jobs.statements`)."""
 
     output_field = JSONField()
 
     def __init__(self, name: str, value: Any) -> None:
-        super().__init__(F("checkpoint"), Value(name), Value(json.dumps(value)))
+        self.kept = [name, json.dumps(value)]
+        super().__init__(F("checkpoint"), Value(name), Value(self.kept[1]))
+
+    def kept_shape(self) -> tuple:
+        return ()
+
+    def kept_params(self) -> list:
+        return self.kept
 
     def as_postgresql(self, compiler, connection, **extra):
         (checkpoint, checkpoint_params), (name, name_params), (value, value_params) = (
@@ -205,11 +213,13 @@ def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
     return its stored result and write nothing. Returns `STEP_NOT_DONE` when the step is to run.
     Raises `RunLost` when the run no longer owns the job."""
     with transaction.atomic():
-        rows = Job.objects.filter(status_among([Job.Status.PROCESSING]), pk=job_id, attempts=run_attempt).exclude(
-            checkpoint__has_key=step
-        )
+        rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt,
+                        without_checkpoint_key=step)
         fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now()}
-        if job_update_with_event(rows=rows, fields=fields, type="step", step=step, status="started") is not None:
+        jobs = Job.objects.all()
+        statement = move_statement(rows, fields, connections[jobs.db])
+        if job_update_with_event(rows=jobs, statement=statement, fields=fields, type="step", step=step,
+                                 status="started") is not None:
             return STEP_NOT_DONE
         current = Job.objects.filter(pk=job_id).values("status", "attempts", "checkpoint").first()
     if current is None:
@@ -239,9 +249,11 @@ def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> 
             checkpoint: Any = merged
         else:
             checkpoint = _CheckpointAdd(step, value)
-        owned = Job.objects.filter(status_among([Job.Status.PROCESSING]), pk=job_id, attempts=run_attempt)
+        owned = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt)
         fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), "checkpoint": checkpoint}
-        written = job_update_with_event(rows=owned, fields=fields, type="step", step=step, status="completed")
+        jobs = Job.objects.all()
+        written = job_update_with_event(rows=jobs, statement=move_statement(owned, fields, connection),
+                                        fields=fields, type="step", step=step, status="completed")
         if written is not None:
             return written[0].checkpoint[step]
         # Lost meanwhile: keep the result all the same (not for a job that completed).

@@ -33,9 +33,11 @@ from django.conf import settings
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db.models import F, Q, QuerySet, Value
 from django.db.models.expressions import Col, CombinedExpression, ExpressionWrapper
+from django.db.models.fields.json import HasKey
 from django.db.models.functions import Now
 from django.db.models.lookups import Exact
 from django.db.models.sql.subqueries import UpdateQuery
+from django.db.models.sql.where import WhereNode
 
 from jobs.models import Job, status_among
 
@@ -57,6 +59,8 @@ class MoveRows:
     only_attempt: int | None = None
     where: Q | None = None
     no_feature_rows: bool = False
+    # A step's begin: only while the checkpoint holds no result under this key.
+    without_checkpoint_key: str | None = None
 
     def queryset(self) -> QuerySet[Job]:
         if self.sources is None:
@@ -69,6 +73,8 @@ class MoveRows:
             rows = rows.filter(self.where)
         if self.no_feature_rows:
             rows = rows.filter(feature_rows=False)
+        if self.without_checkpoint_key is not None:
+            rows = rows.exclude(checkpoint__has_key=self.without_checkpoint_key)
         return rows
 
     def shape(self) -> tuple | None:
@@ -78,7 +84,8 @@ class MoveRows:
                 return None
             where = repr(self.where)
         sources = None if self.sources is None else tuple(sorted(self.sources))
-        return (sources, self.only_attempt is not None, where, self.no_feature_rows)
+        return (sources, self.only_attempt is not None, where, self.no_feature_rows,
+                self.without_checkpoint_key is not None)
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,10 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
             params[index] = _lookup_value(field, rows.job_id, connection)
         elif source == "attempts":
             params[index] = _lookup_value(field, rows.only_attempt, connection)
+        elif source == "checkpoint_key":
+            params[index] = rows.without_checkpoint_key
+        elif isinstance(field, int):  # a KeptExpression's parameters, `field` of them
+            params[index:index + field] = fields[source].kept_params()
         else:
             params[index] = field.get_db_prep_save(fields[source], connection=connection)
     if settings.JOBS_CHECK_MOVE_STATEMENTS:
@@ -134,6 +145,8 @@ def _value_kind(value: Any) -> Any:
     """How a written value shapes the statement: NULL, a parameter, or this expression."""
     if value is None:
         return "null"
+    if hasattr(value, "kept_shape"):  # an expression that gives its own parameters (`KeptExpression`)
+        return ("kept", type(value).__qualname__, value.kept_shape())
     if hasattr(value, "resolve_expression"):
         return ("expression", repr(value)) if _known_expression(value) else None
     if hasattr(value, "prepare_database_save"):
@@ -187,10 +200,16 @@ def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str
         return sql, params, None
     slots: list[tuple[int, str, Any]] = []
     index = 0
-    for (name, _), (field, _model, value) in zip(fields.items(), query.values, strict=True):
+    for (name, original), (field, _model, value) in zip(fields.items(), query.values, strict=True):
         if hasattr(value, "resolve_expression"):
             resolved = value.resolve_expression(query, allow_joins=False, for_save=True)
-            index += len(compiler.compile(resolved)[1])
+            compiled_params = compiler.compile(resolved)[1]
+            count = len(compiled_params)
+            if hasattr(original, "kept_shape"):
+                if list(compiled_params) != list(original.kept_params()):
+                    return sql, params, None  # it does not give its parameters as compiled
+                slots.append((index, name, count))
+            index += count
             continue
         prepared = field.get_db_prep_save(value, connection=connection)
         if hasattr(prepared, "as_sql"):
@@ -203,7 +222,11 @@ def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str
             count = len(compiler.compile(child)[1])
         except (EmptyResultSet, FullResultSet):  # the WHERE leaves such a child out: not kept
             return sql, params, None
-        if isinstance(child, Exact) and isinstance(child.lhs, Col):
+        if _is_checkpoint_key_exclusion(child, rows):
+            if count != 1 or connection.vendor != "postgresql":  # elsewhere the key becomes a JSON path
+                return sql, params, None
+            slots.append((index, "checkpoint_key", None))
+        elif isinstance(child, Exact) and isinstance(child.lhs, Col):
             target = child.lhs.target
             source = "pk" if target.primary_key else "attempts" if target.name == "attempts" else None
             if source is not None:
@@ -214,6 +237,28 @@ def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str
     if index != len(params):
         return sql, params, None
     return sql, params, tuple(slots)
+
+
+def _is_checkpoint_key_exclusion(child: Any, rows: MoveRows) -> bool:
+    """`NOT (checkpoint ? key)`: the WHERE's part for `MoveRows.without_checkpoint_key`."""
+    if rows.without_checkpoint_key is None or not isinstance(child, WhereNode) or not child.negated:
+        return False
+    lookups = child.children
+    return (len(lookups) == 1 and isinstance(lookups[0], HasKey) and lookups[0].rhs == rows.without_checkpoint_key
+            and isinstance(lookups[0].lhs, Col) and lookups[0].lhs.target.name == "checkpoint")
+
+
+class KeptExpression:
+    """A mixin for an expression whose parameters change from move to move but whose SQL does
+    not: `kept_shape()` is what its SQL depends on (hashable), `kept_params()` its parameters,
+    in the order it compiles them. A move writing it is then kept like any other (checked once
+    at the build, and at every reuse under the test settings)."""
+
+    def kept_shape(self) -> Any:
+        raise NotImplementedError
+
+    def kept_params(self) -> list:
+        raise NotImplementedError
 
 
 def _check(rows: MoveRows, fields: dict[str, Any], connection: Any, sql: str, params: list) -> None:

@@ -130,3 +130,24 @@ def test_a_runs_progress_reports_reuse_one_statement(monkeypatch):
     assert len(built) == 1
     job.refresh_from_db()
     assert (job.progress_fraction, job.progress_text, job.event_seq) == (0.75, "0.75", claimed.event_seq + 3)
+
+
+def test_a_runs_steps_reuse_their_statements_each_with_its_own_step(monkeypatch):
+    from jobs.events import STEP_NOT_DONE, step_begin, step_checkpoint
+
+    job, = _pending(1, monkeypatch)
+    claimed = job_claim(job_id=job.pk, worker="w", task_id="t")
+    built = []
+    real_build = statements._build
+    monkeypatch.setattr(statements, "_build", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    for number in range(3):
+        assert step_begin(job_id=job.pk, run_attempt=claimed.attempts, step=f"s{number}") is STEP_NOT_DONE
+        assert step_checkpoint(job_id=job.pk, run_attempt=claimed.attempts, step=f"s{number}",
+                               value={"n": number}) == {"n": number}
+    if connection.vendor == "postgresql":
+        assert len(built) == 2, "a step's begin and its checkpoint were built more than once each"
+    # A finished step is not begun again, and its stored result wins over a second one.
+    assert step_begin(job_id=job.pk, run_attempt=claimed.attempts, step="s1") == {"n": 1}
+    assert step_checkpoint(job_id=job.pk, run_attempt=claimed.attempts, step="s1", value={"n": 99}) == {"n": 1}
+    job.refresh_from_db()
+    assert job.checkpoint == {"s0": {"n": 0}, "s1": {"n": 1}, "s2": {"n": 2}}

@@ -106,7 +106,7 @@ def _dispatch_all(jobs: list[Job]) -> None:
     """Send a committed batch's messages, each job on its own (one that fails is logged and the
     rest go on; the reconciler re-sends it once its early mark expires), their lasting marks in
     one round trip at the end."""
-    with dispatch_marks_together():
+    with dispatch_marks_together(), transitions.dispatch_batch():
         for job in jobs:
             try:
                 transitions.job_dispatch(job=job)

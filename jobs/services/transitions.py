@@ -7,8 +7,10 @@ same transaction: the job's row is locked first, by the UPDATE, before any hook 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from contextlib import AbstractContextManager
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any, NoReturn
 
@@ -25,6 +27,7 @@ from jobs.registry import kind_get
 from jobs.statements import MoveRows, move_statement
 
 Status = Job.Status
+logger = logging.getLogger(__name__)
 
 
 def _sources_for(to: str) -> set[str]:
@@ -152,6 +155,33 @@ def _transition_transaction(*, alone: bool) -> AbstractContextManager:
     return transaction.atomic()
 
 
+_batch = threading.local()
+
+
+@contextmanager
+def dispatch_batch() -> Iterator[None]:
+    """Inside, `job_dispatch` publishes through one Celery producer, taken from the pool once for
+    the batch rather than once per message (about a sixth of each message's cost)."""
+    stack = ExitStack()
+    try:
+        producer = stack.enter_context(_pooled_producer())
+    except Exception as exc:  # each message then takes its own, and fails on its own, as before
+        logger.warning("no producer for a batch of dispatches: %s: %s", type(exc).__name__, exc)
+        producer = None
+    with stack:
+        _batch.producer = producer
+        try:
+            yield
+        finally:
+            _batch.producer = None
+
+
+def _pooled_producer() -> AbstractContextManager:
+    from jobs.tasks import job_run  # the tasks module imports the services: bind late
+
+    return job_run.app.producer_or_acquire()
+
+
 def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
     """Send the Celery message that runs `job` (call it after the job's row is committed), and
     mark it as on its way in the broker (`jobs.broker`).
@@ -175,6 +205,9 @@ def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
         options["time_limit"] = job_kind.time_limit + 60
     if countdown:
         options["countdown"] = countdown
+    producer = getattr(_batch, "producer", None)
+    if producer is not None:
+        options["producer"] = producer
     job_run.apply_async(args=[str(job.pk)], **options)
     dispatch_mark(job.pk, countdown=countdown)  # on its way: the reconciler will not send it again
 

@@ -186,3 +186,38 @@ def test_a_message_lost_between_the_queue_and_the_worker_is_sent_again_once_noth
     finally:
         client.close()
         forget_every_message()
+
+
+@pytest.mark.django_db
+def test_a_batchs_messages_go_out_through_one_producer_and_each_reaches_the_broker(django_capture_on_commit_callbacks):
+    forget_every_message()
+    from jobs.tasks import job_run
+
+    producers = []
+    real = job_run.apply_async
+
+    def recording(*args, **kwargs):
+        producers.append(kwargs.get("producer"))
+        return real(*args, **kwargs)
+
+    with mock.patch.object(job_run, "apply_async", side_effect=recording):
+        with django_capture_on_commit_callbacks(execute=True):
+            jobs_submit_many(kind="demo.noop", inputs=[{}] * 5)
+    assert len(producers) == 5 and producers[0] is not None
+    assert all(producer is producers[0] for producer in producers), "a producer per message"
+    assert job_messages() == 5
+    # A single submit still takes one from the pool for its message.
+    with mock.patch.object(job_run, "apply_async", side_effect=recording):
+        with django_capture_on_commit_callbacks(execute=True):
+            job_submit(kind="demo.noop", input={})
+    assert producers[-1] is None and job_messages() == 6
+
+
+@pytest.mark.django_db
+def test_a_batch_without_a_producer_sends_each_message_on_its_own(django_capture_on_commit_callbacks):
+    forget_every_message()
+    with mock.patch("jobs.services.transitions._pooled_producer", side_effect=OSError("pool exhausted")):
+        with django_capture_on_commit_callbacks(execute=True):
+            jobs = jobs_submit_many(kind="demo.noop", inputs=[{}] * 3)
+    assert job_messages() == 3
+    assert all(Job.objects.get(pk=job.pk).status == S.PENDING for job in jobs)

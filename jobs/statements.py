@@ -92,7 +92,9 @@ class MoveRows:
 class _Kept:
     sql: str
     params: tuple
-    # (index in params, where the value comes from: a column's name, "pk" or "attempts", the field)
+    # (index in params, where the value comes from, the field or a count): the source is a column
+    # written (its name), or a value of the WHERE ("where:pk", "where:attempts",
+    # "where:checkpoint_key"; no column name has a colon)
     slots: tuple[tuple[int, str, Any], ...]
 
 
@@ -113,11 +115,11 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
         return sql, list(params)
     params = list(kept.params)
     for index, source, field in kept.slots:
-        if source == "pk":
+        if source == "where:pk":
             params[index] = _lookup_value(field, rows.job_id, connection)
-        elif source == "attempts":
+        elif source == "where:attempts":
             params[index] = _lookup_value(field, rows.only_attempt, connection)
-        elif source == "checkpoint_key":
+        elif source == "where:checkpoint_key":
             params[index] = rows.without_checkpoint_key
         elif isinstance(field, int):  # a KeptExpression's parameters, `field` of them
             params[index:index + field] = fields[source].kept_params()
@@ -225,10 +227,11 @@ def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str
         if _is_checkpoint_key_exclusion(child, rows):
             if count != 1 or connection.vendor != "postgresql":  # elsewhere the key becomes a JSON path
                 return sql, params, None
-            slots.append((index, "checkpoint_key", None))
+            slots.append((index, "where:checkpoint_key", None))
         elif isinstance(child, Exact) and isinstance(child.lhs, Col):
             target = child.lhs.target
-            source = "pk" if target.primary_key else "attempts" if target.name == "attempts" else None
+            source = ("where:pk" if target.primary_key else "where:attempts" if target.name == "attempts"
+                      else None)
             if source is not None:
                 if count != 1:
                     return sql, params, None

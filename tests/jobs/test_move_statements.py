@@ -151,3 +151,13 @@ def test_a_runs_steps_reuse_their_statements_each_with_its_own_step(monkeypatch)
     assert step_checkpoint(job_id=job.pk, run_attempt=claimed.attempts, step="s1", value={"n": 99}) == {"n": 1}
     job.refresh_from_db()
     assert job.checkpoint == {"s0": {"n": 0}, "s1": {"n": 1}, "s2": {"n": 2}}
+
+
+def test_a_column_written_with_the_name_of_a_condition_keeps_its_own_value(monkeypatch):
+    first, second = _pending(2, monkeypatch)
+    claimed = [job_claim(job_id=job.pk, worker="w", task_id="t") for job in (first, second)]
+    for job, attempts in zip(claimed, (7, 9), strict=True):
+        # Fenced to the run's attempt, and writing `attempts` as a plain value.
+        job_transition(job_id=job.pk, to="pending", from_=["processing"], only_attempt=job.attempts,
+                       fields={"attempts": attempts})
+    assert [Job.objects.get(pk=job.pk).attempts for job in claimed] == [7, 9]

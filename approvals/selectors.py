@@ -23,6 +23,14 @@ def _may_answer_at_all(user: Any) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_active and user.has_perm(ANSWER_PERMISSION))
 
 
+def assigned_to(user: Any) -> Q:
+    """The condition "the question is assigned to `user`, directly or through one of their
+    groups", for a filter or (wrapped) an annotation."""
+    by_user = Question.assigned_users.through.objects.filter(question_id=OuterRef("pk"), user_id=user.pk)
+    by_group = Question.assigned_groups.through.objects.filter(question_id=OuterRef("pk"), group__user=user)
+    return Q(Exists(by_user)) | Q(Exists(by_group))
+
+
 def questions_answerable_by(user: Any) -> QuerySet[Question]:
     """Questions `user` may answer (whatever their status): for holders of the answer permission,
     those assigned to them directly or through one of their groups (every question for a
@@ -32,9 +40,7 @@ def questions_answerable_by(user: Any) -> QuerySet[Question]:
         return Question.objects.none()
     questions = Question.objects.all()
     if not user.is_superuser:
-        by_user = Question.assigned_users.through.objects.filter(question_id=OuterRef("pk"), user_id=user.pk)
-        by_group = Question.assigned_groups.through.objects.filter(question_id=OuterRef("pk"), group__user=user)
-        questions = questions.filter(Exists(by_user) | Exists(by_group))
+        questions = questions.filter(assigned_to(user))
     return questions.filter(
         Q(job__owner__isnull=True) | ~Q(job__owner=user) | Q(job__kind__in=kinds_allowing_self_approval())
     )

@@ -82,7 +82,7 @@ class JobQuerySet(models.QuerySet):
         # the hot path of every status change): the backend's and the fields' converters.
         values = []
         for field, value in zip(concrete, row, strict=True):
-            for converter in _converters(connection, field):
+            for converter in column_converters(connection, field):
                 value = converter(value, field, connection)
             values.append(value)
         job = self.model.from_db(self.db, [f.attname for f in concrete], values)
@@ -90,7 +90,7 @@ class JobQuerySet(models.QuerySet):
         return job
 
 
-def _converters(connection, field) -> list:
+def column_converters(connection, field) -> list:
     """The converters of `field`'s column on `connection`, worked out once per connection (they
     are the backend's and the field's, fixed for both): this runs for every column of every move."""
     cache = connection.__dict__.setdefault("_taskplatform_converters", {})

@@ -3,10 +3,11 @@ admin bulk action, API, the job page) and, for deadlines, the system."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import BooleanField, Count, ExpressionWrapper, Q
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
@@ -22,7 +23,7 @@ from approvals.errors import (
 from approvals.models import Decision, Question
 from approvals.policies import policy_describe
 from approvals.schemas import QuestionType
-from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
+from approvals.selectors import ANSWER_PERMISSION, assigned_to, kinds_allowing_self_approval
 from approvals.services.ledger import decision_record
 from jobs.clock import database_now, db_now
 from jobs.conflicts import retry_on_conflict
@@ -41,13 +42,16 @@ def answer_validate(*, schema: dict, answer: Any) -> None:
     raise InvalidAnswer(f"{field}: {error.message}", field=field)
 
 
-def question_check_can_answer(*, question: Question, user: Any) -> None:
+def question_check_can_answer(*, question: Question, user: Any, assigned: bool | None = None) -> None:
     """The one check of who may answer, for every path (admin, bulk action, API, job page).
 
     The user must be signed in and active, hold the `approvals.answer_question` permission, be
     one of the question's assignees (directly or through a group; superusers may answer any
     question), and not be the job's submitter unless its kind has `allow_self_approval`.
     Raises NotAllowedToAnswer saying which rule refused.
+
+    `assigned`: whether the question is assigned to `user`, when the caller read it with the
+    question (`selectors.assigned_to`); otherwise it is one query here.
     """
     if user is None or not user.is_authenticated or not user.is_active:
         raise NotAllowedToAnswer("sign in to answer questions")
@@ -58,10 +62,9 @@ def question_check_can_answer(*, question: Question, user: Any) -> None:
             "for example through the 'reviewers' group)"
         )
     if not user.is_superuser:
-        assigned = Question.objects.filter(pk=question.pk).filter(
-            Q(assigned_users=user) | Q(assigned_groups__user=user)
-        )
-        if not assigned.exists():
+        if assigned is None:
+            assigned = Question.objects.filter(pk=question.pk).filter(assigned_to(user)).exists()
+        if not assigned:
             who = ", ".join(question.assignee_names()) or "nobody (only superusers may answer it)"
             raise NotAllowedToAnswer(f"this question is assigned to {who}; {username!r} is not one of them")
     job = question.job
@@ -113,14 +116,22 @@ def question_answer(
         job_lock(job_id=job_id)
         # Not select_related("answered_by"): when this waits for another answer's lock, PostgreSQL
         # re-reads the locked row but not the joined user, which would still be "nobody".
-        question = Question.objects.select_for_update(of=("self",)).select_related("job").filter(pk=question_id).first()
+        # Whether it is assigned to the user is read with it, under the lock: one query.
+        questions = Question.objects.select_for_update(of=("self",)).select_related("job").filter(pk=question_id)
+        checks_assignment = user is not None and user.is_authenticated and not user.is_superuser
+        if checks_assignment:
+            questions = questions.annotate(
+                answerer_assigned=ExpressionWrapper(assigned_to(user), output_field=BooleanField())
+            )
+        question = questions.first()
         if question is None:
             raise QuestionNotFound(f"question {question_id} does not exist")
         if question.status == Question.Status.ANSWERED:
             raise AlreadyAnswered(_answered_by_text(question))
         if question.status != Question.Status.OPEN:
             raise QuestionClosed(f"this question is {question.status} and can no longer be answered")
-        question_check_can_answer(question=question, user=user)
+        question_check_can_answer(question=question, user=user,
+                                  assigned=question.answerer_assigned if checks_assignment else None)
         answer_validate(schema=question.schema, answer=answer)
         record = {"question": question, "actor": user, "channel": channel, "answer": answer, "comment": comment,
                   "client_address": client_address}
@@ -154,18 +165,23 @@ def _decide(question: Question, *, user: Any, answer: Any, comment: str, channel
     """Record the answer or the vote and, once the question is decided, settle it. Caller holds
     the question's row lock."""
     if question.type != QuestionType.APPROVAL:
-        decision_record(kind=Decision.Kind.ANSWERED, **record)
+        decision = decision_record(kind=Decision.Kind.ANSWERED, **record)
     elif not answer.get("approved"):
-        decision_record(kind=Decision.Kind.REJECTED, **record)
+        decision = decision_record(kind=Decision.Kind.REJECTED, **record)
     else:
-        if question.decisions.filter(round=question.round, kind=Decision.Kind.APPROVED, actor=user).exists():
+        # The round's approvals so far and whether this user's is among them: one query.
+        votes = question.decisions.filter(round=question.round, kind=Decision.Kind.APPROVED).aggregate(
+            approvals=Count("pk"), mine=Count("pk", filter=Q(actor=user))
+        )
+        if votes["mine"]:
             raise AlreadyVoted(
                 f"{user.get_username()!r} already approved this question; it needs "
-                f"{question.required_approvals - question.approvals_so_far()} more approval(s) from other reviewers"
+                f"{question.required_approvals - votes['approvals']} more approval(s) from other reviewers"
             )
-        approvals = question.approvals_so_far() + 1
-        decision_record(kind=Decision.Kind.APPROVED, detail={"approvals": approvals,
-                                                              "required": question.required_approvals}, **record)
+        approvals = votes["approvals"] + 1
+        decision = decision_record(kind=Decision.Kind.APPROVED, detail={"approvals": approvals,
+                                                                         "required": question.required_approvals},
+                                   **record)
         if approvals < question.required_approvals:
             event_append(
                 job_id=question.job_id, type="question", step=question.key, status="voted",
@@ -173,24 +189,27 @@ def _decide(question: Question, *, user: Any, answer: Any, comment: str, channel
                          "required": question.required_approvals},
             )
             return
-    question_settle(question=question, answer=answer, user=user, comment=comment, channel=channel)
+    question_settle(question=question, answer=answer, user=user, comment=comment, channel=channel,
+                    at=decision.created_at)
 
 
 def question_settle(
     *, question: Question, answer: Any, user: Any, comment: str, channel: str, event_status: str = "answered",
-    event_message: dict[str, Any] | None = None,
+    event_message: dict[str, Any] | None = None, at: Any = None,
 ) -> None:
     """Mark `question` answered with `answer` and resume its job: the one way a question is
     decided, by a person or (with `user` None) by a deadline's default.
 
     Precondition: the caller is in a transaction holding the question's row lock, and has
-    written the ledger row.
+    written the ledger row. `at`: that row's `created_at` (the database's clock, as returned by
+    its INSERT), the moment the question was answered; without it the database is asked.
     """
     question.status = Question.Status.ANSWERED
     question.answer = answer
     question.comment = comment or ""
     question.answered_by = user
-    question.answered_at = database_now()  # an answer's age is judged by this clock (valid_for)
+    # An answer's age is judged by the database's clock (valid_for).
+    question.answered_at = at if isinstance(at, datetime) else database_now()
     question.save(update_fields=["status", "answer", "comment", "answered_by", "answered_at"])
     by = user.get_username() if user is not None else "system"
     event_append(

@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 
 from jobs.broker import dispatch_marks_together, dispatch_premark
 from jobs.errors import IdempotencyConflict, InvalidInput, UnknownKind
-from jobs.events import event_record, events_record_first
+from jobs.events import events_record_first, job_create_with_first_event, one_statement_write
 from jobs.models import Job
 from jobs.registry import kind_get
 from jobs.services import transitions
@@ -52,17 +52,15 @@ def job_submit(
         if existing is not None:
             return existing, False
     max_attempts = attempt_budget(kind)
+    # The job and its first event are one statement on PostgreSQL: no transaction of its own is
+    # needed, except a savepoint inside a caller's transaction when a racing twin's key may
+    # refuse the INSERT (the caller's transaction must survive that to return the twin).
+    keeps_caller_usable = idempotency_key is not None and transaction.get_connection().in_atomic_block
     try:
-        with transaction.atomic():
-            job = Job.objects.create(
-                kind=kind,
-                input=input,
-                owner_id=owner_id,
-                idempotency_key=idempotency_key,
-                max_attempts=max_attempts,
-                event_seq=1,
-            )
-            event_record(job=job, type="status", status=Status.PENDING)
+        with transaction.atomic() if keeps_caller_usable else one_statement_write():
+            job = Job(kind=kind, input=input, owner_id=owner_id, idempotency_key=idempotency_key,
+                      max_attempts=max_attempts, event_seq=1)
+            job_create_with_first_event(job)
             transaction.on_commit(lambda: transitions.job_dispatch(job=job), robust=True)
     except IntegrityError:
         # Two identical requests raced; the unique constraint let one through.

@@ -173,6 +173,9 @@ REDIS_URL = env.str("REDIS_URL", default=f"unix://{EMBEDDED_REDIS_SOCKET}")
 # several deployments or test runs can share one Redis server without seeing each other.
 REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="")
 
+# Django's ModelBackend, reading a user's permissions in one query instead of two (accounts/backends.py).
+AUTHENTICATION_BACKENDS = ["accounts.backends.ModelBackend"]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -1,5 +1,6 @@
-"""What an answer through the API costs PostgreSQL, counted: every statement is a round trip
-between the answer and the job's resume (bench/shipped.py's answer→processing figure).
+"""What an answer and a submit through the API cost PostgreSQL, counted: every statement is a
+round trip between the answer and the job's resume (bench/shipped.py's answer→processing
+figure), or in the API's request rate.
 
 A move or an event that is one statement takes no savepoint of its own inside the request's
 transaction (`jobs.events.one_statement_write`): that saved four round trips per answer."""
@@ -10,6 +11,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from jobs.models import Job
+from jobs.timestamps import iso_utc
 from tests.api.conftest import client_for
 from tests.approvals.conftest import paused_on
 from tests.conftest import make_user
@@ -32,7 +35,33 @@ def test_an_answer_through_the_api_takes_no_savepoint_beyond_the_requests_own(mo
     assert sum(sql.startswith("SAVEPOINT") for sql in statements) == 1, statements
     # The view read the question already: its job is not looked up again before the lock.
     assert not any(sql.startswith('SELECT "approvals_question"."job_id"') for sql in statements), statements
-    # 19, and one more when the token's `last_used_at` is due for its (throttled) update.
-    assert len(statements) <= 20, "\n".join(sql[:120] for sql in statements)
+    # The user's permissions in one query (accounts.backends), not two; whether the question is
+    # assigned to them read with the question under its lock, not on its own; the answer's time
+    # is its ledger row's, not asked for; the round's votes counted once.
+    assert sum('"auth_permission"' in sql for sql in statements) == 1, statements
+    assert not any(sql.startswith('SELECT 1 AS "a" FROM "approvals_question"') for sql in statements), statements
+    assert "SELECT statement_timestamp()" not in statements, statements
+    assert sum('FROM "approvals_decision"' in sql and "COUNT" in sql for sql in statements) <= 2, statements
+    # 15, and one more when the token's `last_used_at` is due for its (throttled) update.
+    assert len(statements) <= 16, "\n".join(sql[:120] for sql in statements)
     job.refresh_from_db()
     assert job.status == "pending"
+    question.refresh_from_db()
+    assert question.answered_at == question.decisions.get().created_at
+
+
+def test_a_submit_through_the_api_is_one_statement_after_the_token(monkeypatch):
+    """The job's INSERT and its first event's are one statement (jobs.events.job_create_with_first_event),
+    in autocommit: no BEGIN and no COMMIT around them."""
+    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
+    api = client_for(make_user("submitter"))
+    api.post("/api/jobs/", {"kind": "demo.noop", "input": {}}, format="json")  # the token's last_used_at
+    with CaptureQueriesContext(connection) as submit:
+        response = api.post("/api/jobs/", {"kind": "demo.noop", "input": {}}, format="json")
+    assert response.status_code == 201, response.content
+    statements = [query["sql"] for query in submit.captured_queries]
+    assert len(statements) == 2, "\n".join(sql[:160] for sql in statements)
+    assert statements[1].startswith('WITH j AS (INSERT INTO "jobs_job"'), statements[1][:200]
+    job = Job.objects.get(pk=response.json()["id"])
+    assert [(event.seq, event.status) for event in job.events.all()] == [(1, "pending")]
+    assert response.json()["updated_at"] == iso_utc(job.updated_at)  # the database's default, returned

@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals.models import Question
-from approvals.selectors import question_decisions, question_get_visible, questions_visible_to
+from approvals.selectors import question_decisions, question_get_visible, questions_visible_to, with_approvals
 from approvals.serializers import (
     AnswerSerializer,
     DecisionSerializer,
@@ -46,7 +46,7 @@ class QuestionViewSet(UUIDLookup, viewsets.GenericViewSet):
     serializer_class = QuestionSerializer
 
     def get_queryset(self) -> QuerySet[Question]:
-        return (
+        return with_approvals(
             questions_visible_to(self.request.user)
             .select_related("answered_by")
             .prefetch_related("assigned_users", "assigned_groups")

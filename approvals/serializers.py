@@ -54,7 +54,8 @@ class QuestionSerializer(serializers.ModelSerializer):
         return question.assignee_names()
 
     def get_approvals(self, question: Question) -> int:
-        return question.approvals_so_far()
+        counted = getattr(question, "approvals_in_round", None)  # read with the list (selectors.with_approvals)
+        return question.approvals_so_far() if counted is None else counted
 
     def get_asked_again_because(self, question: Question) -> str | None:
         return question.asked_again_because or None

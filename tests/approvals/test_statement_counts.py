@@ -65,3 +65,30 @@ def test_a_submit_through_the_api_is_one_statement_after_the_token(monkeypatch):
     job = Job.objects.get(pk=response.json()["id"])
     assert [(event.seq, event.status) for event in job.events.all()] == [(1, "pending")]
     assert response.json()["updated_at"] == iso_utc(job.updated_at)  # the database's default, returned
+
+
+def test_the_question_list_reads_the_same_number_of_statements_for_any_number_of_questions():
+    """Each row's assignees and its round's approvals come with the page, not one query per row."""
+    api = client_for(make_user("desk", reviewer=True))
+    job, question = paused_on({})
+    api.get("/api/questions/")  # the token's last_used_at
+
+    def statements_for_the_list() -> tuple[int, list]:
+        with CaptureQueriesContext(connection) as listing:
+            response = api.get("/api/questions/")
+        assert response.status_code == 200, response.content
+        return len(listing), response.json()["results"]
+
+    few, rows = statements_for_the_list()
+    assert [row["approvals"] for row in rows] == [0]
+    approve_once = client_for(make_user("voter", reviewer=True))
+    question.required_approvals = 2
+    question.save(update_fields=["required_approvals"])
+    assert approve_once.post(f"/api/questions/{question.pk}/answer/", {"answer": {"approved": True}},
+                             format="json").status_code == 200
+    for _ in range(6):
+        paused_on({})
+    many, rows = statements_for_the_list()
+    assert len(rows) == 7
+    assert few == many, f"{few} statements for one question, {many} for seven"
+    assert {row["id"]: row["approvals"] for row in rows}[str(question.pk)] == 1

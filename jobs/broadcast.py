@@ -26,6 +26,7 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
@@ -53,7 +54,8 @@ class Publisher:
     """One asyncio loop in a daemon thread and one channel layer, for one process.
 
     Sends are queued and taken by the loop in batches: a batch asks Redis once which of its
-    groups anyone follows (`groups_followed`, one pipelined round trip) and sends only to those.
+    groups anyone follows, and who (`group_members`, one pipelined round trip), and sends only
+    to those, each message one more round trip (`group_send` with the members it was given).
     Most pushes go to a job nobody watches at that moment, and the feed when no page is open:
     they then cost a share of one round trip, not a task and a round trip each. Messages keep
     their order within a group; different groups go out concurrently.
@@ -104,17 +106,20 @@ class Publisher:
         by_group: dict[str, list[dict[str, Any]]] = {}
         for group, message in batch:
             by_group.setdefault(group, []).append(message)
-        followed = getattr(self.layer, "groups_followed", None)
-        if followed is not None:
-            watched = await followed(list(by_group))
-            by_group = {group: messages for group, messages in by_group.items() if group in watched}
-        if by_group:
-            await asyncio.gather(*(self._send_in_order(group, messages) for group, messages in by_group.items()))
+        group_members = getattr(self.layer, "group_members", None)  # taskplatform.channel_layer
+        if group_members is None:
+            members: dict[str, list[str] | None] = dict.fromkeys(by_group)
+        else:
+            members = await group_members(list(by_group))
+        sends = [self._send_in_order(group, by_group[group], found) for group, found in members.items()]
+        if sends:
+            await asyncio.gather(*sends)
 
-    async def _send_in_order(self, group: str, messages: list[dict[str, Any]]) -> None:
+    async def _send_in_order(self, group: str, messages: list[dict[str, Any]], members: list[str] | None) -> None:
+        send = self.layer.group_send if members is None else partial(self.layer.group_send, members=members)
         for message in messages:
             try:
-                await self.layer.group_send(group, message)
+                await send(group, message)
             except Exception as exc:
                 logger.warning("job event publish to %s failed: %s: %s", group, type(exc).__name__, exc)
 

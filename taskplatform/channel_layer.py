@@ -30,6 +30,24 @@ logger = logging.getLogger(__name__)
 # What a receive raises when Redis went away (closed, refused, reset, timed out).
 CONNECTION_LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 
+# A group message to each of its members' keys (KEYS): ARGV holds one message per key, then one
+# capacity per key, then the time (the score) and the keys' expiry. A key already holding its
+# capacity is skipped and counted; the count is returned.
+_SEND_TO_CHANNELS = """
+local keys = #KEYS
+local now, expiry = ARGV[2 * keys + 1], ARGV[2 * keys + 2]
+local skipped = 0
+for index = 1, keys do
+    if redis.call('ZCARD', KEYS[index]) < tonumber(ARGV[keys + index]) then
+        redis.call('ZADD', KEYS[index], now, ARGV[index])
+        redis.call('EXPIRE', KEYS[index], expiry)
+    else
+        skipped = skipped + 1
+    end
+end
+return skipped
+"""
+
 
 class RedisChannelLayer(BaseRedisChannelLayer):
     """`channels_redis.core.RedisChannelLayer` with blocking pools that re-joins its groups after
@@ -66,40 +84,57 @@ class RedisChannelLayer(BaseRedisChannelLayer):
             self.rejoin_needed = True
             raise
 
-    async def group_send(self, group: str, message: dict) -> None:
-        """channels-redis' group_send, with a cheap way out for a group nobody is in.
-
-        Workers push every event to its job's group, and most jobs have no follower at that
-        moment: one pipelined round trip (drop the expired members, read the rest) finds the group
-        empty, where channels-redis spends two before it looks. Members present: the usual send.
-        """
-        key = self._group_key(group)
-        connection = self.connection(self.consistent_hash(group))
-        pipe = connection.pipeline(transaction=False)
-        pipe.zremrangebyscore(key, min=0, max=int(time.time()) - self.group_expiry)
-        pipe.exists(key)
-        _, present = await pipe.execute()
-        if present:
-            await super().group_send(group, message)
-
-    async def groups_followed(self, groups: list[str]) -> set[str]:
-        """Which of `groups` have a member: one pipelined round trip per Redis host for all of
-        them (expired members dropped first, as a send does). The publisher (`jobs.broadcast`)
-        asks this once per batch and sends only to those."""
+    async def group_members(self, groups: list[str]) -> dict[str, list[str]]:
+        """The member channels of each of `groups` that has any: one pipelined round trip per
+        Redis host for all of them (expired members dropped first, as channels-redis does). The
+        publisher (`jobs.broadcast`) asks this once per batch and sends only to those, passing
+        each group's members to `group_send`."""
         by_host: dict[int, list[str]] = {}
         for group in groups:
             by_host.setdefault(self.consistent_hash(group), []).append(group)
         oldest = int(time.time()) - self.group_expiry
-        followed: set[str] = set()
+        members: dict[str, list[str]] = {}
         for index, names in by_host.items():
             pipe = self.connection(index).pipeline(transaction=False)
             for group in names:
                 key = self._group_key(group)
                 pipe.zremrangebyscore(key, min=0, max=oldest)
-                pipe.exists(key)
+                pipe.zrange(key, 0, -1)
             answers = await pipe.execute()
-            followed.update(group for group, present in zip(names, answers[1::2], strict=True) if present)
-        return followed
+            for group, channels in zip(names, answers[1::2], strict=True):
+                if channels:
+                    members[group] = [channel.decode() for channel in channels]
+        return members
+
+    async def group_send(self, group: str, message: dict, members: list[str] | None = None) -> None:
+        """channels-redis' group_send in one round trip per Redis host, plus one to read the
+        group's members unless the caller just read them (`members`, from `group_members`).
+
+        channels-redis spends four, one after another: drop the group's expired members, read
+        the rest, drop the members' expired messages, then add the message to each member (the
+        script). Here the first two are `group_members`' pipeline (a group nobody is in costs
+        that one round trip), and the last two one pipeline per host. Every push of a job event
+        takes this path, from a pool process whose main thread is running a job: each round
+        trip saved is also a wait for the GIL saved. The semantics are channels-redis': expired
+        members and messages dropped, a member over its capacity skipped (and logged), the
+        channels sharing a Redis key named in the message (`__asgi_channel__`).
+        """
+        assert self.require_valid_group_name(group), "Group name not valid"
+        if members is None:
+            members = (await self.group_members([group])).get(group, [])
+        if not members:
+            return
+        by_host, message_for_key, capacity_for_key = self._map_channel_keys_to_connection(members, message)
+        now = time.time()
+        for index, keys in by_host.items():
+            pipe = self.connection(index).pipeline(transaction=False)
+            for key in keys:
+                pipe.zremrangebyscore(key, min=0, max=int(now) - int(self.expiry))
+            pipe.eval(_SEND_TO_CHANNELS, len(keys), *keys, *(message_for_key[key] for key in keys),
+                      *(capacity_for_key[key] for key in keys), now, self.expiry)
+            over_capacity = (await pipe.execute())[-1]
+            if over_capacity:
+                logger.info("%s of %s channels over capacity in group %s", over_capacity, len(members), group)
 
     async def receive_waiting(self, channel: str, limit: int = 100) -> list[dict]:
         """The messages already waiting for the process-specific `channel` (up to `limit`), in

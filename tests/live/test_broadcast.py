@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from unittest import mock
 
 import pytest
@@ -66,7 +67,7 @@ def test_publish_returns_at_once_even_when_redis_is_slow():
     member_of("bench.slow")
     slow_sends = []
 
-    async def slow_send(group, message):
+    async def slow_send(group, message, members=None):
         await asyncio.sleep(0.05)  # every send waits; the caller must not
         slow_sends.append(message)
 
@@ -94,13 +95,13 @@ def test_publish_does_not_block_an_event_loop():
 def test_a_failed_push_never_fails_the_write(caplog):
     job, _ = job_submit(kind="demo.noop", input={})
 
-    async def broken(group, message):
+    async def broken(group, message, members=None):
         raise ConnectionError("redis is down")
 
     async def broken_check(groups):
         raise ConnectionError("redis is down")
 
-    with mock.patch.object(publisher().layer, "groups_followed", broken_check), caplog.at_level(logging.WARNING):
+    with mock.patch.object(publisher().layer, "group_members", broken_check), caplog.at_level(logging.WARNING):
         event = event_append(job_id=job.pk, type="log", status="info", message={"text": "written, pushed nowhere"})
         assert publisher().flush(5)
     member_of(job_group(job.pk))
@@ -116,24 +117,26 @@ def test_a_batch_asks_redis_once_which_groups_anyone_follows_and_sends_only_to_t
     channel = member_of("bench.followed")
     asked, sent = [], []
     layer = publisher().layer
-    real_followed, real_send = layer.groups_followed, layer.group_send
+    real_members, real_send = layer.group_members, layer.group_send
 
-    async def followed(groups):
+    async def members(groups):
         asked.append(list(groups))
-        return await real_followed(groups)
+        return await real_members(groups)
 
-    async def send(group, message):
-        sent.append(group)
-        await real_send(group, message)
+    async def send(group, message, members=None):
+        sent.append((group, members))
+        await real_send(group, message, members=members)
 
-    with mock.patch.object(layer, "groups_followed", followed), mock.patch.object(layer, "group_send", send):
+    with mock.patch.object(layer, "group_members", members), mock.patch.object(layer, "group_send", send):
         publisher().loop.call_soon_threadsafe(time.sleep, 0.2)  # the loop is busy: the sends queue up
         for number in range(300):
             publish(f"bench.nobody.{number}", {"type": "test.message"})
             publish("bench.followed", {"type": "test.message", "number": number})
         assert publisher().flush(10)
     assert len(asked) <= 2 and sum(len(groups) for groups in asked) == 301 + (len(asked) - 1)
-    assert set(sent) == {"bench.followed"} and len(sent) == 300
+    # Each send is given the members the batch read: it does not read them again.
+    assert {(group, tuple(found)) for group, found in sent} == {("bench.followed", (channel,))}
+    assert len(sent) == 300
     assert [message["number"] for message in received(channel, 300)] == list(range(300))
 
 
@@ -207,3 +210,48 @@ def test_what_waits_for_a_process_channel_is_taken_at_once_in_order_and_shared_w
         assert [m["number"] for m in theirs] == [0, 1, 2, 3, 4]
 
     async_to_sync(scenario)()
+
+
+def test_a_group_send_is_one_round_trip_with_its_members_and_keeps_channels_redis_semantics():
+    """`taskplatform.channel_layer.RedisChannelLayer.group_send`: given the members, one pipeline;
+    a member at its capacity is skipped, the others still get the message; a group nobody is in
+    costs only the read of its members."""
+    # Channels of their own keys (a process's `new_channel()`s share one key, and its capacity).
+    full, open_ = f"bench.full.{uuid.uuid4().hex}", f"bench.open.{uuid.uuid4().hex}"
+
+    async def scenario():
+        layer = get_channel_layer()
+        for channel in (full, open_):
+            await layer.group_add("bench.capacity", channel)
+        calls = []
+        connection = layer.connection(0)
+        real_pipeline = type(connection).pipeline
+
+        def counted_pipeline(self, *args, **kwargs):
+            pipe = real_pipeline(self, *args, **kwargs)
+            real_execute = pipe.execute
+
+            async def execute(*a, **k):
+                calls.append(len(pipe.command_stack))
+                return await real_execute(*a, **k)
+
+            pipe.execute = execute
+            return pipe
+
+        with mock.patch.object(type(connection), "pipeline", counted_pipeline):
+            members = await layer.group_members(["bench.capacity", "bench.nobody"])
+            assert set(members) == {"bench.capacity"} and set(members["bench.capacity"]) == {full, open_}
+            calls.clear()
+            capacity = layer.get_capacity(full)
+            for _ in range(capacity):  # `full` reaches its capacity; nobody reads it
+                await layer.send(full, {"type": "test.message", "number": -1})
+            await layer.group_send("bench.capacity", {"type": "test.message", "number": 1},
+                                   members=members["bench.capacity"])
+            assert len(calls) == 1, calls  # one round trip, members given
+            await layer.group_send("bench.nobody", {"type": "test.message"})
+            assert len(calls) == 2, calls  # the read of nobody, and nothing sent
+        return capacity
+
+    capacity = async_to_sync(scenario)()
+    assert [message["number"] for message in received(open_, 1)] == [1]
+    assert [message["number"] for message in received(full, capacity)] == [-1] * capacity

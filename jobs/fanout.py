@@ -165,13 +165,15 @@ class LocalFanout:
                     logger.exception("a follower of %s failed to take a message", group)
 
     async def _receive_one(self) -> dict[str, Any]:
-        """`layer.receive`, in a task of its own that is cancelled until it really stops.
+        """`layer.receive_unbacked` (one round trip; `receive` elsewhere), in a task of its own
+        that is cancelled until it really stops.
 
         On Python 3.11, `asyncio.wait_for` (which redis-py wraps around each socket write)
         swallows a cancellation that arrives just as the write completes; channels-redis then
         goes on blocking-popping every 5 s, and a loop shutting down waits for it forever.
         """
-        receiving = asyncio.ensure_future(self.layer.receive(self.channel))
+        receive = getattr(self.layer, "receive_unbacked", self.layer.receive)  # taskplatform.channel_layer
+        receiving = asyncio.ensure_future(receive(self.channel))
         try:
             await asyncio.wait([receiving])  # a cancellation lands here, not inside channels-redis
         except asyncio.CancelledError:

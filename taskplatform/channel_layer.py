@@ -136,33 +136,60 @@ class RedisChannelLayer(BaseRedisChannelLayer):
             if over_capacity:
                 logger.info("%s of %s channels over capacity in group %s", over_capacity, len(members), group)
 
+    async def receive_unbacked(self, channel: str) -> dict:
+        """The next message for the process-specific `channel`, in one blocking round trip
+        (BZPOPMIN), where `receive` spends four: it first moves a backup copy back, then pops,
+        then writes a backup copy of what it popped, then deletes it, and the message waits for
+        the last two. For the one reader of this process's channel key, the live fan-out
+        (`jobs.fanout`), whose messages are pushes of events the database keeps: a process that
+        dies while handing one out loses it, as it would lose the sockets it was for. Messages
+        for the process's other channels (none in a web process) go where their `receive` looks.
+        """
+        if "!" not in channel:
+            return await self.receive(channel)
+        if self.rejoin_needed:
+            await self.groups_rejoin()  # raises while Redis is still away: the caller retries
+        buffer = self.receive_buffer[channel]
+        real_channel = self.non_local_name(channel)
+        connection = self.connection(self.consistent_hash(real_channel))
+        try:
+            while buffer.empty():
+                popped = await connection.bzpopmin(self.prefix + real_channel, timeout=self.brpop_timeout)
+                if popped is not None:
+                    self._route(channel, self.deserialize(popped[1]))
+        except CONNECTION_LOST:
+            self.rejoin_needed = True
+            raise
+        return buffer.get_nowait()
+
     async def receive_waiting(self, channel: str, limit: int = 100) -> list[dict]:
         """The messages already waiting for the process-specific `channel` (up to `limit`), in
-        order, without blocking: one ZPOPMIN where `receive` spends four round trips per message.
+        order, without blocking: one ZPOPMIN.
 
-        For a reader that has just had one message from `receive` and wants the rest of a burst
-        at once (the live fan-out, `jobs.fanout`). No backup copy is kept while they are handled,
-        unlike `receive`: a process that dies now loses them, which the fan-out's readers
-        tolerate (the durable event log is the truth). Empty for other channels.
+        For a reader that has just had one message from `receive_unbacked` and wants the rest of
+        a burst at once (the live fan-out, `jobs.fanout`). As there, no backup copy is kept
+        while they are handled. Empty for other channels.
         """
         if "!" not in channel:
             return []
         real_channel = self.non_local_name(channel)
         connection = self.connection(self.consistent_hash(real_channel))
         popped = await connection.zpopmin(self.prefix + real_channel, limit)
-        messages = []
+        buffer = self.receive_buffer[channel]
         for member, _score in popped:
-            message = self.deserialize(member)
-            # Every process-specific channel of this layer shares the key, and a group message
-            # names the channels it is for (a list): those other than ours get it where their own
-            # `receive` will look, as channels-redis does.
-            owners = message.pop("__asgi_channel__", [channel])
-            for owner in [owners] if isinstance(owners, str) else owners:
-                if owner == channel:
-                    messages.append(message)
-                else:
-                    self.receive_buffer[owner].put_nowait(message)
+            self._route(channel, self.deserialize(member))
+        messages = []
+        while not buffer.empty():
+            messages.append(buffer.get_nowait())
         return messages
+
+    def _route(self, channel: str, message: dict) -> None:
+        """Put a popped message in the receive buffer of each channel it names: every
+        process-specific channel of this layer shares one key, and a group message names the
+        channels it is for (`__asgi_channel__`, a list; a direct send names one)."""
+        owners = message.pop("__asgi_channel__", [channel])
+        for owner in [owners] if isinstance(owners, str) else owners:
+            self.receive_buffer[owner].put_nowait(message)
 
     async def groups_rejoin(self) -> int:
         """Add every remembered membership again (idempotent); return how many."""

@@ -255,3 +255,34 @@ def test_a_group_send_is_one_round_trip_with_its_members_and_keeps_channels_redi
     capacity = async_to_sync(scenario)()
     assert [message["number"] for message in received(open_, 1)] == [1]
     assert [message["number"] for message in received(full, capacity)] == [-1] * capacity
+
+
+def test_the_fan_out_takes_a_message_in_one_round_trip_and_leaves_the_others_theirs():
+    """`receive_unbacked` (the fan-out's receive): one BZPOPMIN per message, where channels-redis'
+    `receive` also restores, writes and deletes a backup copy (three more round trips before the
+    message is handed out); a group message for two channels of this process reaches both."""
+
+    async def scenario():
+        layer = get_channel_layer()
+        ours, other = await layer.new_channel(prefix="fanout"), await layer.new_channel()
+        await layer.group_add("bench.unbacked", ours)
+        await layer.group_add("bench.unbacked", other)
+        for number in range(3):
+            await layer.group_send("bench.unbacked", {"type": "test.message", "number": number})
+        sent = []
+        connection_class = type(layer.connection(0))
+        real_execute = connection_class.execute_command
+
+        async def recorded(self, *args, **options):
+            sent.append(str(args[0]).upper())
+            return await real_execute(self, *args, **options)
+
+        with mock.patch.object(connection_class, "execute_command", recorded):
+            first = await asyncio.wait_for(layer.receive_unbacked(ours), 5)
+        assert sent == ["BZPOPMIN"], sent
+        rest = await layer.receive_waiting(ours)
+        assert [m["number"] for m in [first, *rest]] == [0, 1, 2]
+        theirs = [await asyncio.wait_for(layer.receive(other), 5) for _ in range(3)]
+        assert [m["number"] for m in theirs] == [0, 1, 2]
+
+    async_to_sync(scenario)()

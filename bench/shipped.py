@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -243,16 +245,28 @@ def tree_cpu_seconds(pid: int) -> float:
     return round(sum(t.user + t.system for t in (p.cpu_times() for p in tree)), 2)
 
 
+@contextlib.contextmanager
+def baseline_worker(app: str, queue: str, concurrency: int, redis_url: str,
+                    env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """A bare Celery worker of `app` on `queue` (late acks, prefetch 1, as the app sets), stopped
+    with its pool at the end."""
+    env = {**os.environ, "BARE_CELERY_BROKER": redis_url, "PYTHONPATH": str(BASE_DIR), **(env or {})}
+    worker = subprocess.Popen(
+        [str(VENV_BIN / "celery"), "-A", app, "worker", "-l", "WARNING", "-c", str(concurrency),
+         "-Q", queue, "--without-mingle", "--without-gossip", "--pool", "prefork"],
+        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield worker
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+
+
 def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
     """N no-op tasks of a plain Celery app, on a worker with the platform worker's settings."""
     import redis
 
-    env = {**os.environ, "BARE_CELERY_BROKER": redis_url, "PYTHONPATH": str(BASE_DIR)}
-    worker = subprocess.Popen(
-        [str(VENV_BIN / "celery"), "-A", "bench.bare_celery", "worker", "-l", "WARNING", "-c", str(concurrency),
-         "-Q", "bare", "--without-mingle", "--without-gossip", "--pool", "prefork"],
-        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
+    with baseline_worker("bench.bare_celery", "bare", concurrency, redis_url) as worker:
         from bench import bare_celery
 
         bare_celery.app.conf.broker_url = redis_url
@@ -269,9 +283,6 @@ def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
         client.delete(key, key + ":warm")
         return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
                 "enqueue_seconds": round(enqueued, 3), "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid)}
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=30)
 
 
 def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
@@ -287,32 +298,28 @@ def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
     dsn = os.environ["DATABASE_URL"]
     conn = psycopg.connect(dsn, autocommit=True)
     bare_durable.create_tables(conn)
-    env = {**os.environ, "BARE_CELERY_BROKER": redis_url, "PYTHONPATH": str(BASE_DIR),
-           bare_durable.STATEMENTS_ENV: str(statements_path), "BENCH_DURABLE_DSN": dsn}
-    worker = subprocess.Popen(
-        [str(VENV_BIN / "celery"), "-A", "bench.bare_durable", "worker", "-l", "WARNING", "-c", str(concurrency),
-         "-Q", "durable", "--without-mingle", "--without-gossip", "--pool", "prefork"],
-        cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {bare_durable.STATEMENTS_ENV: str(statements_path), "BENCH_DURABLE_DSN": dsn}
     try:
-        bare_durable.app.conf.broker_url = redis_url
+        with baseline_worker("bench.bare_durable", "durable", concurrency, redis_url, env) as worker:
+            bare_durable.app.conf.broker_url = redis_url
 
-        def completed() -> int:
-            return conn.execute(f"SELECT count(*) FROM {bare_durable.JOBS} WHERE status = 'completed'").fetchone()[0]
+            def completed() -> int:
+                count_sql = f"SELECT count(*) FROM {bare_durable.JOBS} WHERE status = 'completed'"
+                return conn.execute(count_sql).fetchone()[0]
 
-        bare_durable.submit(conn, 1)
-        wait_for(lambda: completed() >= 1, 60, "the durable baseline's first job")
-        conn.execute(f"TRUNCATE {bare_durable.EVENTS}, {bare_durable.JOBS}")
-        started = time.perf_counter()
-        bare_durable.submit(conn, count)
-        submitted = time.perf_counter() - started
-        wait_for(lambda: completed() >= count, 600, f"{count} durable baseline jobs", interval=0.25)
-        seconds = time.perf_counter() - started
-        return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
-                "submit_seconds": round(submitted, 3), "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
-                "statements": json.loads(statements_path.read_text())}
+            bare_durable.submit(conn, 1)
+            wait_for(lambda: completed() >= 1, 60, "the durable baseline's first job")
+            conn.execute(f"TRUNCATE {bare_durable.EVENTS}, {bare_durable.JOBS}")
+            started = time.perf_counter()
+            bare_durable.submit(conn, count)
+            submitted = time.perf_counter() - started
+            wait_for(lambda: completed() >= count, 600, f"{count} durable baseline jobs", interval=0.25)
+            seconds = time.perf_counter() - started
+            return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
+                    "submit_seconds": round(submitted, 3),
+                    "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
+                    "statements": json.loads(statements_path.read_text())}
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=30)
         conn.execute(f"DROP TABLE IF EXISTS {bare_durable.EVENTS}, {bare_durable.JOBS}")
         conn.close()
 

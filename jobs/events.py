@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F, Func, JSONField, QuerySet, Value
+from django.db.models import F, Func, JSONField, Value
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
@@ -140,8 +140,8 @@ def _event_insert(event: JobEvent) -> None:
 
 
 def job_update_with_event(
-    *, rows: QuerySet[Job], fields: dict[str, Any], type: str, step: str = "", status: str = "",
-    message: dict | None = None, statement: tuple[str, list] | None = None,
+    *, rows: MoveRows, fields: dict[str, Any], type: str, step: str = "", status: str = "",
+    message: dict | None = None,
 ) -> tuple[Job, JobEvent] | None:
     """Update the one job `rows` selects and append its event, numbered by the updated
     `event_seq`; publish the event once the transaction commits. Returns both rows, or None
@@ -149,25 +149,27 @@ def job_update_with_event(
 
     Precondition: the caller holds a transaction, and `fields` bumps `event_seq`. On
     PostgreSQL the update and the insert are one statement (a data-modifying CTE): this is the
-    path every status change and every progress report takes. `statement`: the UPDATE already
-    built for `rows` and `fields` (`jobs.statements.move_statement`), used instead of them.
+    path every status change and every progress report takes. The UPDATE is the one kept for its
+    shape (`jobs.statements.move_statement`).
     """
     now = timezone.now()  # host clock: shown to people, never compared across hosts
     event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=now)
-    connection = connections[rows.db]
+    jobs = Job.objects.all()
+    connection = connections[jobs.db]
+    statement = move_statement(rows, fields, connection)
     if connection.vendor == "postgresql":
         tail = ["type", "step", "status", "message", "created_at"]
         insert = (
             f"{_event_insert_prefix(connection)} SELECT j.id, j.event_seq, {', '.join(['%s'] * len(tail))} FROM j",
             _event_params(event, tail, connection),
         )
-        job = rows.update_returning(then_insert=insert, statement=statement, **fields)
+        job = jobs.update_returning(then_insert=insert, statement=statement)
         if job is None:
             return None
         event.job_id, event.seq = job.pk, job.event_seq
         _event_saved(event, job._inserted_id)
     else:
-        job = rows.update_returning(statement=statement, **fields)
+        job = jobs.update_returning(statement=statement)
         if job is None:
             return None
         event.job_id, event.seq = job.pk, job.event_seq
@@ -213,9 +215,7 @@ def event_append(
         else:
             rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt)
         values = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), **(fields or {})}
-        jobs = Job.objects.all()
-        written = job_update_with_event(rows=jobs, statement=move_statement(rows, values, connections[jobs.db]),
-                                        fields=values, type=type, step=step, status=status, message=message)
+        written = job_update_with_event(rows=rows, fields=values, type=type, step=step, status=status, message=message)
         if written is None:
             if run_attempt is not None:
                 raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}")
@@ -260,10 +260,7 @@ def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
         rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt,
                         without_checkpoint_key=step)
         fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now()}
-        jobs = Job.objects.all()
-        statement = move_statement(rows, fields, connections[jobs.db])
-        if job_update_with_event(rows=jobs, statement=statement, fields=fields, type="step", step=step,
-                                 status="started") is not None:
+        if job_update_with_event(rows=rows, fields=fields, type="step", step=step, status="started") is not None:
             return STEP_NOT_DONE
         current = Job.objects.filter(pk=job_id).values("status", "attempts", "checkpoint").first()
     if current is None:
@@ -295,9 +292,7 @@ def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> 
             checkpoint = _CheckpointAdd(step, value)
         owned = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt)
         fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), "checkpoint": checkpoint}
-        jobs = Job.objects.all()
-        written = job_update_with_event(rows=jobs, statement=move_statement(owned, fields, connection),
-                                        fields=fields, type="step", step=step, status="completed")
+        written = job_update_with_event(rows=owned, fields=fields, type="step", step=step, status="completed")
         if written is not None:
             return written[0].checkpoint[step]
         # Lost meanwhile: keep the result all the same (not for a job that completed).

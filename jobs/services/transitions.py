@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import F, Q
 
 from jobs.broker import dispatch_mark
@@ -24,7 +24,7 @@ from jobs.events import job_update_with_event, one_statement_write
 from jobs.extensions import transition_hooks_for
 from jobs.models import Job
 from jobs.registry import kind_get
-from jobs.statements import MoveRows, move_statement
+from jobs.statements import MoveRows
 
 Status = Job.Status
 logger = logging.getLogger(__name__)
@@ -90,19 +90,15 @@ def job_transition(
     family = to in Job.TERMINAL and has_parent is not False
     with _transition_transaction(alone=not any(not hook.before for hook in hooks) and not family):
         move = MoveRows(job_id=job_id, sources=frozenset(sources), only_attempt=only_attempt, where=where)
-        jobs = Job.objects.all()
-        connection = connections[jobs.db]
         if before:
             # A job that holds no feature rows has nothing to close: the one statement, as usual.
-            statement = move_statement(replace(move, no_feature_rows=True), values, connection)
-            written = job_update_with_event(rows=jobs, statement=statement, fields=values, type="status", status=to,
-                                            message=message)
+            written = job_update_with_event(rows=replace(move, no_feature_rows=True), fields=values, type="status",
+                                            status=to, message=message)
             if written is None:
-                written = _move_closing_first(move.queryset(), before, job_id=job_id, to=to, fields=values,
-                                              message=message, actor=actor, channel=channel)
+                written = _move_closing_first(move, before, job_id=job_id, to=to, fields=values, message=message,
+                                              actor=actor, channel=channel)
         else:
-            written = job_update_with_event(rows=jobs, statement=move_statement(move, values, connection),
-                                            fields=values, type="status", status=to, message=message)
+            written = job_update_with_event(rows=move, fields=values, type="status", status=to, message=message)
         if written is None:
             _refuse(job_id, to)
         job = written[0]
@@ -121,13 +117,13 @@ def job_transition(
     return job
 
 
-def _move_closing_first(rows, before, *, job_id: Any, to: str, fields: dict[str, Any], message: dict | None,
-                        actor: Any, channel: str | None):
+def _move_closing_first(rows: MoveRows, before, *, job_id: Any, to: str, fields: dict[str, Any],
+                        message: dict | None, actor: Any, channel: str | None):
     """The move of a job that holds feature rows: lock its row and check the move, let the
     closing hooks close what the job held (their events come before the status event, which
     stays the last of a finished job), then write the move."""
     with transaction.atomic():
-        locked = rows.select_for_update().first()
+        locked = rows.queryset().select_for_update().first()
         if locked is None:
             _refuse(job_id, to)
         for hook in before:

@@ -32,11 +32,17 @@ def _pending(count: int, monkeypatch) -> list[Job]:
     return [job_submit(kind="demo.noop", input={})[0] for _ in range(count)]
 
 
-def test_a_second_move_of_the_same_shape_reuses_the_statement_with_its_own_values(monkeypatch):
-    first, second = _pending(2, monkeypatch)
-    built = []
+def _count_builds(monkeypatch) -> list:
+    """A list that gets an item each time the ORM builds a move statement."""
+    built: list = []
     real_build = statements._build
     monkeypatch.setattr(statements, "_build", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    return built
+
+
+def test_a_second_move_of_the_same_shape_reuses_the_statement_with_its_own_values(monkeypatch):
+    first, second = _pending(2, monkeypatch)
+    built = _count_builds(monkeypatch)
 
     with CaptureQueriesContext(connection) as one:
         job_claim(job_id=first.pk, worker="w1 pid 1", task_id="t-1")
@@ -121,9 +127,7 @@ def test_a_runs_progress_reports_reuse_one_statement(monkeypatch):
 
     job, = _pending(1, monkeypatch)
     claimed = job_claim(job_id=job.pk, worker="w", task_id="t")
-    built = []
-    real_build = statements._build
-    monkeypatch.setattr(statements, "_build", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    built = _count_builds(monkeypatch)
     for fraction in (0.25, 0.5, 0.75):
         event_append(job_id=job.pk, type="progress", message={"fraction": fraction}, run_attempt=claimed.attempts,
                      fields={"progress_fraction": fraction, "progress_text": f"{fraction}"})
@@ -137,9 +141,7 @@ def test_a_runs_steps_reuse_their_statements_each_with_its_own_step(monkeypatch)
 
     job, = _pending(1, monkeypatch)
     claimed = job_claim(job_id=job.pk, worker="w", task_id="t")
-    built = []
-    real_build = statements._build
-    monkeypatch.setattr(statements, "_build", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    built = _count_builds(monkeypatch)
     for number in range(3):
         assert step_begin(job_id=job.pk, run_attempt=claimed.attempts, step=f"s{number}") is STEP_NOT_DONE
         assert step_checkpoint(job_id=job.pk, run_attempt=claimed.attempts, step=f"s{number}",

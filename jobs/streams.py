@@ -126,6 +126,9 @@ class LiveStreams:
         self.redis: aioredis.Redis | None = None
         self.redis_slots = asyncio.Semaphore(self.redis_concurrency)
         self.following = False
+        # Releases under way: the loop keeps only a weak reference to a task, so one nobody
+        # holds may be collected before it has given the place back.
+        self.releasing: set[asyncio.Task] = set()
 
     @classmethod
     def here(cls) -> LiveStreams:
@@ -171,7 +174,14 @@ class LiveStreams:
         """Forget `stream` (it ended) and give its place under the cap back."""
         if self.streams.pop(stream.stream_id, None) is None or not settings.LIVE_STREAMS_PER_USER:
             return
-        asyncio.ensure_future(self._cap_release(stream.user.pk, stream.stream_id))
+        task = asyncio.ensure_future(self._cap_release(stream.user.pk, stream.stream_id))
+        self.releasing.add(task)
+        task.add_done_callback(self.releasing.discard)
+
+    async def released(self) -> None:
+        """Wait for the releases under way (for a caller about to stop the loop, and tests)."""
+        while self.releasing:
+            await asyncio.wait(set(self.releasing))
 
     async def _cap_release(self, user_pk: Any, stream_id: str) -> None:
         try:

@@ -23,6 +23,7 @@ from accounts.tickets import ws_ticket_issue
 from jobs import sse
 from jobs.broadcast import publisher
 from jobs.services import job_cancel, job_submit
+from jobs.streams import LiveStreams
 from taskplatform.asgi import application
 from tests.conftest import make_user
 from tests.live.conftest import session_cookie
@@ -214,6 +215,8 @@ def test_a_user_over_the_cap_of_live_streams_is_refused_clearly():
         assert (await again.receive_json_from(timeout=5))["type"] == "snapshot"
         await again.disconnect()
         await stream.send_input({"type": "http.disconnect"})
+        await asyncio.sleep(0.3)  # the SSE stream ends
+        await LiveStreams.here().released()  # their places given back before this loop stops
 
     with override_settings(LIVE_STREAMS_PER_USER=2):
         run(scenario)
@@ -275,8 +278,6 @@ def test_a_crowd_admitted_at_once_is_counted_exactly_against_the_cap():
     """150 streams of one user admitted together (a crowd connecting at once): the registry's
     Redis commands wait for a free slot rather than ask its client's pool (100 connections) for
     more, so the cap is checked for every one, never skipped: 100 in, 50 refused."""
-    from jobs.streams import LiveStreams
-
     user = make_user("olga")
 
     class QuietStream:

@@ -165,6 +165,7 @@ def _decide(question: Question, *, user: Any, answer: Any, comment: str, channel
     """Record the answer or the vote and, once the question is decided, settle it. Caller holds
     the question's row lock."""
     if question.type != QuestionType.APPROVAL:
+        question.approvals_in_round = 0  # only approval questions take votes (for the response)
         decision = decision_record(kind=Decision.Kind.ANSWERED, **record)
     elif not answer.get("approved"):
         decision = decision_record(kind=Decision.Kind.REJECTED, **record)
@@ -179,6 +180,7 @@ def _decide(question: Question, *, user: Any, answer: Any, comment: str, channel
                 f"{question.required_approvals - votes['approvals']} more approval(s) from other reviewers"
             )
         approvals = votes["approvals"] + 1
+        question.approvals_in_round = approvals  # as `selectors.with_approvals` reads it, for the response
         decision = decision_record(kind=Decision.Kind.APPROVED, detail={"approvals": approvals,
                                                                          "required": question.required_approvals},
                                    **record)

@@ -191,17 +191,24 @@ def test_a_short_lived_process_sends_its_last_events_before_it_exits():
     assert [message["n"] for message in received(channel, 20)] == list(range(20))
 
 
+async def two_process_channels_sent(layer, group: str, count: int) -> tuple[str, str]:
+    """The fan-out's channel and another channel of this process, both in `group` (they share one
+    Redis key), after `count` numbered group messages were sent to it."""
+    ours, other = await layer.new_channel(prefix="fanout"), await layer.new_channel()
+    await layer.group_add(group, ours)
+    await layer.group_add(group, other)
+    for number in range(count):
+        await layer.group_send(group, {"type": "test.message", "number": number})
+    return ours, other
+
+
 def test_what_waits_for_a_process_channel_is_taken_at_once_in_order_and_shared_with_its_other_channels():
     """`receive_waiting` (the fan-out's way to take the rest of a burst): one group message for two
     channels of this process reaches both, and nothing is lost or reordered."""
 
     async def scenario():
         layer = get_channel_layer()
-        ours, other = await layer.new_channel(prefix="fanout"), await layer.new_channel()
-        await layer.group_add("bench.burst", ours)
-        await layer.group_add("bench.burst", other)
-        for number in range(5):
-            await layer.group_send("bench.burst", {"type": "test.message", "number": number})
+        ours, other = await two_process_channels_sent(layer, "bench.burst", 5)
         first = await asyncio.wait_for(layer.receive(ours), 5)
         rest = await layer.receive_waiting(ours)
         assert [m["number"] for m in [first, *rest]] == [0, 1, 2, 3, 4]
@@ -264,11 +271,7 @@ def test_the_fan_out_takes_a_message_in_one_round_trip_and_leaves_the_others_the
 
     async def scenario():
         layer = get_channel_layer()
-        ours, other = await layer.new_channel(prefix="fanout"), await layer.new_channel()
-        await layer.group_add("bench.unbacked", ours)
-        await layer.group_add("bench.unbacked", other)
-        for number in range(3):
-            await layer.group_send("bench.unbacked", {"type": "test.message", "number": number})
+        ours, other = await two_process_channels_sent(layer, "bench.unbacked", 3)
         sent = []
         connection_class = type(layer.connection(0))
         real_execute = connection_class.execute_command

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiToken
 from accounts.services import api_token_create, api_token_revoke, token_hash
+from jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 
@@ -79,6 +80,32 @@ def test_an_inactive_users_token_gets_401(submitter):
     submitter.is_active = False
     submitter.save()
     assert token_client(key).get("/api/jobs/").status_code == 401
+
+
+def test_the_token_lookup_is_built_once_and_each_request_finds_its_own_token(monkeypatch, submitter):
+    """Every API request looks its token up with the statement the ORM built once for the
+    connection (accounts.services._token_active): no query building per request, and each
+    request still gets its own token's user, never the one the statement was built for."""
+    from django.db.models.sql.compiler import SQLCompiler
+
+    other = get_user_model().objects.create_user("other-submitter")
+    keys = {submitter.username: api_token_create(user=submitter)[1], other.username: api_token_create(user=other)[1]}
+    assert token_client(keys["submitter"]).get("/api/jobs/").status_code == 200  # builds it, if not yet
+    built = []
+    as_sql = SQLCompiler.as_sql
+
+    def counting(compiler, *args, **kwargs):
+        if compiler.query.model is ApiToken:
+            built.append(compiler.query)
+        return as_sql(compiler, *args, **kwargs)
+
+    monkeypatch.setattr(SQLCompiler, "as_sql", counting)
+    for name in ["other-submitter", "submitter", "other-submitter"]:
+        response = token_client(keys[name]).post("/api/jobs/", {"kind": "demo.noop", "input": {}}, format="json")
+        assert response.status_code == 201, response.content
+        assert Job.objects.get(pk=response.json()["id"]).owner.username == name
+    assert token_client("not-a-key").get("/api/jobs/").status_code == 401
+    assert built == []
 
 
 # -- the admin -----------------------------------------------------------------------------------

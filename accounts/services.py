@@ -9,12 +9,12 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.db import connections, transaction
-from django.db.models.query import get_related_populators
+from django.db import transaction
 from django.utils import timezone
 
 from accounts.credentials import credential_revoked
 from accounts.models import ApiToken
+from dbkit.kept import KeptRead
 
 REVIEWERS_GROUP = "reviewers"
 
@@ -30,44 +30,18 @@ def api_token_create(*, user: Any, name: str = "") -> tuple[ApiToken, str]:
     return token, key
 
 
-# Every API request looks its token up, and building that one statement through the ORM (the
-# queryset, its joins, compiling) cost more CPU than sending it. So, per database connection, the
-# ORM builds it once with a stand-in hash; the text is kept with the place of the hash in its
-# parameters, and each lookup runs it with its own hash. The rows become a token and its user
-# through the same compiler, converters and populators a queryset uses.
-_STAND_IN_HASH = "kept-statement:token-hash"
-
-
-def _token_lookup_statement(connection: Any) -> tuple[str, list, int, Any, list[str], slice, list]:
-    kept = connection.__dict__.setdefault("_taskplatform_token_lookup", [])
-    if not kept:
-        rows = ApiToken.objects.using(connection.alias).select_related("user").order_by()
-        compiler = rows.filter(key_hash=_STAND_IN_HASH, revoked_at__isnull=True).query.get_compiler(
-            connection=connection)
-        sql, params = compiler.as_sql()
-        klass_info, select = compiler.klass_info, compiler.select
-        fields = slice(klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1)
-        init_list = [column[0].target.attname for column in select[fields]]
-        kept.append((sql, list(params), list(params).index(_STAND_IN_HASH), compiler, init_list, fields,
-                     get_related_populators(klass_info, select, connection.alias)))
-    return kept[0]
+# Every API request looks its token up: the statement is built once per connection (dbkit.kept).
+_TOKEN_ACTIVE = KeptRead(
+    lambda key_hash: ApiToken.objects.select_related("user").filter(key_hash=key_hash, revoked_at__isnull=True)
+    .order_by()[:1],
+    stand_in="kept-statement:token-hash",
+)
 
 
 def _token_active(key_hash: str) -> ApiToken | None:
     """The unrevoked token whose key hashes to `key_hash`, its user with it, or None (one statement)."""
-    connection = connections[ApiToken.objects.db]
-    sql, params, slot, compiler, init_list, fields, populators = _token_lookup_statement(connection)
-    params = [*params]
-    params[slot] = key_hash
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchmany(2)
-    for row in compiler.results_iter(results=[rows]):
-        token = ApiToken.from_db(connection.alias, init_list, row[fields])
-        for populator in populators:
-            populator.populate(row, token)
-        return token
-    return None
+    found = _TOKEN_ACTIVE.rows(key_hash, using=ApiToken.objects.db)
+    return found[0] if found else None
 
 
 def api_token_authenticate(*, key: str) -> ApiToken | None:

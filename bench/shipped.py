@@ -433,6 +433,8 @@ def api_phase(shipped: Platform, token: str, seconds: float, clients: int,
     cpu_before = shipped.cpu_by_service()
     clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     profile = Profile(shipped, "web", seconds * 0.8, profile_dir)
+    # The worker too: here the jobs come one at a time, not in a queued batch.
+    profile_worker = Profile(shipped, "worker", seconds * 0.8, profile_dir, name="api_worker")
     out = subprocess.run([sys.executable, __file__, "--api-client", shipped.url, token, str(seconds), str(clients)],
                          cwd=BASE_DIR, capture_output=True, text=True, env=shipped.env)
     if out.returncode:
@@ -444,6 +446,7 @@ def api_phase(shipped: Platform, token: str, seconds: float, clients: int,
     result["cpu_seconds"]["clients"] = round(clients_after.ru_utime + clients_after.ru_stime
                                              - clients_before.ru_utime - clients_before.ru_stime, 2)
     result["profile_web"] = profile.top()
+    result["profile_worker"] = profile_worker.top()
     return result
 
 

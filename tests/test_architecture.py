@@ -15,7 +15,7 @@ from tests.support.processes import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-PACKAGES = ["taskplatform", "demo", "approvals", "waits", "webhooks", "ops", "jobs", "accounts", "devtools"]
+PACKAGES = ["taskplatform", "demo", "approvals", "waits", "webhooks", "ops", "jobs", "accounts", "dbkit", "devtools"]
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:

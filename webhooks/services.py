@@ -25,6 +25,7 @@ from django.db.models import F
 from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
+from dbkit.kept import KeptRead
 from jobs.backoff import backoff_with_jitter
 from jobs.clock import db_now, db_now_plus
 from jobs.errors import InvalidInput
@@ -84,6 +85,11 @@ def _job_payload(job: Job) -> dict[str, Any]:
     return json.loads(JSONRenderer().render(JobSerializer(job).data))
 
 
+# Every job that finishes, pauses or fails looks for its owner's webhooks: the statement is built
+# once per connection (dbkit.kept). The stand-in is no user's id (ids start at 1).
+_OWNERS_ACTIVE = KeptRead(lambda owner_id: Webhook.objects.filter(owner_id=owner_id, is_active=True), stand_in=-1)
+
+
 def webhook_deliveries_enqueue(
     *, job: Job, event: str, extra: dict[str, Any] | None = None, also: Iterable[Webhook] = ()
 ) -> list[WebhookDelivery]:
@@ -99,7 +105,7 @@ def webhook_deliveries_enqueue(
         return []
     hooks: list[Webhook] = []
     if job.owner_id is not None:
-        hooks = [h for h in Webhook.objects.filter(owner_id=job.owner_id, is_active=True) if event in h.events]
+        hooks = [h for h in _OWNERS_ACTIVE.rows(job.owner_id, using=Webhook.objects.db) if event in h.events]
     hooks += [hook for hook in also if hook.is_active]
     if not hooks:
         return []

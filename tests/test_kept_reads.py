@@ -27,7 +27,8 @@ def test_the_rows_are_the_querysets_own_with_their_related_rows(monkeypatch, dja
     assert read.rows(bob.pk, using="default")[0].name == "z"  # built here, once
     compiled = []
     as_sql = SQLCompiler.as_sql
-    monkeypatch.setattr(SQLCompiler, "as_sql", lambda compiler, *a, **k: compiled.append(1) or as_sql(compiler, *a, **k))
+    monkeypatch.setattr(SQLCompiler, "as_sql",
+                        lambda compiler, *args, **kwargs: compiled.append(1) or as_sql(compiler, *args, **kwargs))
     rows = read.rows(ann.pk, using="default")
     assert compiled == []
     monkeypatch.undo()

@@ -6,10 +6,17 @@ from rest_framework import serializers
 
 from approvals.models import COMMENT_MAX_LENGTH, Decision, Question
 from approvals.schemas import QuestionType
-from jobs.serializers import AnyJSONField, JSONObjectField, QuerySerializer, TextField, UUIDTextField
+from jobs.serializers import (
+    AnyJSONField,
+    FieldsBuiltOnce,
+    JSONObjectField,
+    QuerySerializer,
+    TextField,
+    UUIDTextField,
+)
 
 
-class QuestionSerializer(serializers.ModelSerializer):
+class QuestionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     """A question a job asked, as the API shows it."""
 
     job = serializers.UUIDField(source="job_id", read_only=True)
@@ -75,7 +82,7 @@ class QuestionListQuerySerializer(QuerySerializer):
     job = UUIDTextField(required=False, help_text="Only the questions of this job.")
 
 
-class DecisionSerializer(serializers.ModelSerializer):
+class DecisionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     """One row of a question's decision ledger."""
 
     question = serializers.UUIDField(source="question_id", read_only=True)

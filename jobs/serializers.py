@@ -3,6 +3,7 @@ parameters. No business logic: the views hand validated data to `jobs.services`.
 
 from __future__ import annotations
 
+import copy
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from django.core.validators import ProhibitNullCharactersValidator, RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.utils.serializer_helpers import BindingDict
 
 from jobs.models import Job, JobEvent
 from jobs.presenters import event_text, job_error_public
@@ -188,7 +190,33 @@ class JobErrorSerializer(serializers.Serializer):
         return super().to_representation(job_error_public(instance))
 
 
-class JobSerializer(serializers.ModelSerializer):
+class FieldsBuiltOnce:
+    """For a serializer whose fields do not depend on the request: they are worked out once per
+    class, not for every response.
+
+    DRF builds a serializer's fields anew for each instance: it deep-copies the declared ones
+    (each re-made from its arguments) and, for a ModelSerializer, builds the rest from the model.
+    That was a seventh of the CPU of a `POST /api/jobs/`. Here `get_fields` runs once per class;
+    each instance binds its own shallow copies of those fields (a nested serializer, which holds
+    fields of its own, is still deep-copied).
+    """
+
+    @property
+    def fields(self) -> BindingDict:
+        bound = self.__dict__.get("_bound_fields")
+        if bound is None:
+            prototypes = type(self).__dict__.get("_field_prototypes")
+            if prototypes is None:  # two threads may both build them: the same fields either way
+                prototypes = self.get_fields()
+                type(self)._field_prototypes = prototypes
+            bound = self.__dict__["_bound_fields"] = BindingDict(self)
+            for name, field in prototypes.items():
+                nested = isinstance(field, serializers.BaseSerializer)
+                bound[name] = copy.deepcopy(field) if nested else copy.copy(field)
+        return bound
+
+
+class JobSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     """A job as the API shows it."""
 
     input = JSONObjectField(read_only=True)
@@ -239,7 +267,7 @@ class JobListQuerySerializer(QuerySerializer):
     ordering = serializers.ChoiceField(choices=ORDERINGS, required=False, default="-created_at")
 
 
-class JobEventSerializer(serializers.ModelSerializer):
+class JobEventSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     """One entry of a job's event log."""
 
     step = serializers.CharField(allow_null=True, help_text="The step or question key, for those types.")

@@ -34,7 +34,7 @@ def api_token_create(*, user: Any, name: str = "") -> tuple[ApiToken, str]:
 _TOKEN_ACTIVE = KeptRead(
     lambda key_hash: ApiToken.objects.select_related("user").filter(key_hash=key_hash, revoked_at__isnull=True)
     .order_by()[:1],
-    stand_in="kept-statement:token-hash",
+    stand_ins=("kept-statement:token-hash",),
 )
 
 

@@ -5,15 +5,18 @@ look for its owner's webhooks. Building such a statement through the ORM (the qu
 joins, compiling) costs more CPU than sending it to the database. `KeptRead` has the ORM build it
 once per connection with a stand-in value, keeps the text with the place of that value in its
 parameters, and runs it with each read's own value. The rows become model instances through the
-same compiler, converters and `select_related` populators a queryset uses, so what a caller gets
+same compiler, converters, `select_related` populators and annotations a queryset uses, so what a caller gets
 is what the queryset would have given.
 
-Only a queryset whose one varying value is a plain parameter of its statement fits: the stand-in
-must appear exactly once among the parameters, as given (a string or an integer).
+Only a queryset whose varying values are plain parameters of its statement fits: each stand-in
+must appear among the parameters (as given, or for a UUID as the backend stores it: a `UUID` or
+its hex), and no other parameter may equal it. A value may appear more than once (a user's id in
+two subqueries); each place gets the read's own value.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,49 +26,77 @@ from django.db.models import Model, QuerySet
 from django.db.models.query import get_related_populators
 
 
+def _as_uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+# How a stand-in may appear among a statement's parameters, and how a read's value is put there.
+_UUID_FORMS: list[Callable[[Any], Any]] = [
+    _as_uuid, lambda value: _as_uuid(value).hex, lambda value: str(_as_uuid(value)),
+]
+
+
+def _places(params: list, stand_in: Any) -> tuple[list[int], Callable[[Any], Any]]:
+    forms = _UUID_FORMS if isinstance(stand_in, uuid.UUID) else [lambda value: value]
+    for form in forms:
+        places = [index for index, param in enumerate(params) if param == form(stand_in)]
+        if places:
+            return places, form
+    return [], forms[0]
+
+
 @dataclass(frozen=True)
 class _Built:
     sql: str
     params: tuple
-    slot: int
+    # For each value of a read: the places of its parameters, and how it is put there.
+    slots: tuple[tuple[tuple[int, ...], Callable[[Any], Any]], ...]
     compiler: Any
     init_list: list[str]
     fields: slice
     populators: list
+    annotations: tuple[tuple[str, int], ...]
 
 
 class KeptRead:
-    """`build(value)` is the queryset (of one model, maybe with `select_related`) for one value;
-    `stand_in` is the value it is built with once per connection."""
+    """`build(*values)` is the queryset (of one model, maybe with `select_related`) for the read's
+    values; `stand_ins` are the values it is built with once per connection, one for each."""
 
-    def __init__(self, build: Callable[[Any], QuerySet], *, stand_in: str | int) -> None:
+    def __init__(self, build: Callable[..., QuerySet], *, stand_ins: tuple[Any, ...]) -> None:
         self.build = build
-        self.stand_in = stand_in
+        self.stand_ins = stand_ins
         self._key = f"_dbkit_kept_{id(self)}"
 
     def _built(self, connection: Any) -> _Built:
         built = connection.__dict__.get(self._key)
         if built is None:
-            queryset = self.build(self.stand_in).using(connection.alias)
+            queryset = self.build(*self.stand_ins).using(connection.alias)
             compiler = queryset.query.get_compiler(connection=connection)
             sql, params = compiler.as_sql()
-            if list(params).count(self.stand_in) != 1:
-                raise ValueError(f"KeptRead: the stand-in {self.stand_in!r} must be one parameter of {sql!r} "
-                                 f"exactly once; it is not, with {params!r}")
+            params = list(params)
+            slots = [_places(params, stand_in) for stand_in in self.stand_ins]
+            taken = [place for places, _ in slots for place in places]
+            if any(not places for places, _ in slots) or len(taken) != len(set(taken)):
+                raise ValueError(f"KeptRead: each stand-in of {self.stand_ins!r} must be a parameter of its own in "
+                                 f"{sql!r}; the parameters are {params!r}")
             klass_info, select = compiler.klass_info, compiler.select
             fields = slice(klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1)
             built = connection.__dict__[self._key] = _Built(
-                sql=sql, params=tuple(params), slot=list(params).index(self.stand_in), compiler=compiler,
+                sql=sql, params=tuple(params), slots=tuple((tuple(places), form) for places, form in slots),
+                compiler=compiler,
                 init_list=[column[0].target.attname for column in select[fields]], fields=fields,
-                populators=get_related_populators(klass_info, select, connection.alias))
+                populators=get_related_populators(klass_info, select, connection.alias),
+                annotations=tuple(compiler.annotation_col_map.items()))
         return built
 
-    def rows(self, value: str | int, *, using: str) -> list[Model]:
-        """The instances the queryset built for `value` would give, in its order (one statement)."""
+    def rows(self, *values: Any, using: str) -> list[Model]:
+        """The instances the queryset built for `values` would give, in its order (one statement)."""
         connection = connections[using]
         built = self._built(connection)
         params = list(built.params)
-        params[built.slot] = value
+        for value, (places, form) in zip(values, built.slots, strict=True):
+            for place in places:
+                params[place] = form(value)
         with connection.cursor() as cursor:
             cursor.execute(built.sql, params)
             fetched = cursor.fetchall()
@@ -75,5 +106,7 @@ class KeptRead:
             instance = model.from_db(using, built.init_list, row[built.fields])
             for populator in built.populators:
                 populator.populate(row, instance)
+            for name, place in built.annotations:
+                setattr(instance, name, row[place])
             found.append(instance)
         return found

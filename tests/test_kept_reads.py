@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.contrib.auth import get_user_model
+from django.db.models import BooleanField, ExpressionWrapper
 from django.db.models.sql.compiler import SQLCompiler
 
 from accounts.models import ApiToken
@@ -23,7 +26,7 @@ def test_the_rows_are_the_querysets_own_with_their_related_rows(monkeypatch, dja
     for name in ["b", "a", "c"]:
         api_token_create(user=ann, name=name)
     api_token_create(user=bob, name="z")
-    read = KeptRead(by_owner, stand_in=-1)
+    read = KeptRead(by_owner, stand_ins=(-1,))
     assert read.rows(bob.pk, using="default")[0].name == "z"  # built here, once
     compiled = []
     as_sql = SQLCompiler.as_sql
@@ -42,8 +45,27 @@ def test_the_rows_are_the_querysets_own_with_their_related_rows(monkeypatch, dja
     assert read.rows(10**9, using="default") == []
 
 
-def test_a_stand_in_that_is_not_one_parameter_is_refused_with_the_statement():
-    read = KeptRead(lambda value: ApiToken.objects.filter(name=value, prefix=value), stand_in="same")
-    with pytest.raises(ValueError, match="must be one parameter"):
-        read.rows("x", using="default")
+def test_a_stand_in_that_is_not_a_parameter_of_its_own_is_refused_with_the_statement():
+    unused = KeptRead(lambda value: ApiToken.objects.all(), stand_ins=("unused",))
+    with pytest.raises(ValueError, match="must be a parameter of its own"):
+        unused.rows("x", using="default")
+    shared = KeptRead(lambda a, b: ApiToken.objects.filter(name=a, prefix=b), stand_ins=("same", "same"))
+    with pytest.raises(ValueError, match="must be a parameter of its own"):
+        shared.rows("x", "y", using="default")
 
+
+def test_a_value_in_several_places_and_a_uuid_take_each_reads_own(submitter):
+    """The user's id twice (two subqueries), a UUID primary key, on this database's own forms."""
+    from approvals.models import Question
+    from approvals.selectors import assigned_to
+    from tests.approvals.conftest import paused_on
+
+    _, question = paused_on({})
+    question.assigned_users.add(submitter)
+    read = KeptRead(lambda question_id, user_id: Question.objects.filter(pk=question_id).annotate(
+        mine=ExpressionWrapper(assigned_to(get_user_model()(pk=user_id)), output_field=BooleanField())),
+        stand_ins=(uuid.UUID(int=0), -1))
+    other = get_user_model().objects.create_user("other")
+    assert [(q.pk, q.mine) for q in read.rows(question.pk, submitter.pk, using="default")] == [(question.pk, True)]
+    assert [(q.pk, q.mine) for q in read.rows(str(question.pk), other.pk, using="default")] == [(question.pk, False)]
+    assert read.rows(uuid.uuid4(), submitter.pk, using="default") == []

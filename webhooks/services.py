@@ -87,7 +87,7 @@ def _job_payload(job: Job) -> dict[str, Any]:
 
 # Every job that finishes, pauses or fails looks for its owner's webhooks: the statement is built
 # once per connection (dbkit.kept). The stand-in is no user's id (ids start at 1).
-_OWNERS_ACTIVE = KeptRead(lambda owner_id: Webhook.objects.filter(owner_id=owner_id, is_active=True), stand_in=-1)
+_OWNERS_ACTIVE = KeptRead(lambda owner_id: Webhook.objects.filter(owner_id=owner_id, is_active=True), stand_ins=(-1,))
 
 
 def webhook_deliveries_enqueue(

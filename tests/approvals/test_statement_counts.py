@@ -94,3 +94,37 @@ def test_the_question_list_reads_the_same_number_of_statements_for_any_number_of
     assert len(rows) == 7
     assert few == many, f"{few} statements for one question, {many} for seven"
     assert {row["id"]: row["approvals"] for row in rows}[str(question.pk)] == 1
+
+
+def test_an_answer_reads_its_question_under_the_lock_with_a_statement_built_once(monkeypatch):
+    """The locked read of the question (with whether it is assigned to the answerer) is built by
+    the ORM once per connection (dbkit.kept), not for every answer: that was a quarter of the
+    answer's CPU. Each answer still gets its own question and its own answerer (tests/test_kept_reads.py
+    shows the assignment read for each user)."""
+    from django.db.models.sql.compiler import SQLCompiler
+
+    from approvals.models import Question
+    from tests.approvals.conftest import answer_group, member_of
+
+    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
+    desk = answer_group("desk")
+    ann, bob = member_of(desk, "ann"), member_of(desk, "bob")
+    questions = [paused_on({})[1] for _ in range(3)]
+    for question in questions:
+        question.assigned_groups.add(desk)
+    client_for(ann).post(f"/api/questions/{questions[0].pk}/answer/", {"answer": {"approved": True}}, format="json")
+    locked_reads = []
+    as_sql = SQLCompiler.as_sql
+
+    def counting(compiler, *args, **kwargs):
+        if compiler.query.model is Question and compiler.query.select_for_update:
+            locked_reads.append(compiler.query)
+        return as_sql(compiler, *args, **kwargs)
+
+    monkeypatch.setattr(SQLCompiler, "as_sql", counting)
+    for question, user in [(questions[1], bob), (questions[2], ann)]:
+        response = client_for(user).post(f"/api/questions/{question.pk}/answer/", {"answer": {"approved": True}},
+                                         format="json")
+        assert response.status_code == 200, response.content
+        assert response.json()["id"] == str(question.pk) and response.json()["answered_by"] == user.username
+    assert locked_reads == []

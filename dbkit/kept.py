@@ -16,6 +16,7 @@ two subqueries); each place gets the read's own value.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Any
 
 from django.db import connections
 from django.db.models import Model, QuerySet
-from django.db.models.query import get_related_populators
+from django.db.models.query import ModelIterable, get_related_populators
 
 
 def _as_uuid(value: Any) -> uuid.UUID:
@@ -52,15 +53,19 @@ class _Built:
     # For each value of a read: the places of its parameters, and how it is put there.
     slots: tuple[tuple[tuple[int, ...], Callable[[Any], Any]], ...]
     compiler: Any
+    # How a row becomes an instance of `model`; empty (and no model) for a `values_list` read,
+    # whose rows are tuples.
     init_list: list[str]
     fields: slice
     populators: list
     annotations: tuple[tuple[str, int], ...]
+    model: Any = None
 
 
 class KeptRead:
-    """`build(*values)` is the queryset (of one model, maybe with `select_related`) for the read's
-    values; `stand_ins` are the values it is built with once per connection, one for each."""
+    """`build(*values)` is the queryset for the read's values: of one model (maybe with
+    `select_related` and annotations), or a `values_list` (maybe a union), whose rows come back as
+    tuples. `stand_ins` are the values it is built with once per connection, one for each."""
 
     def __init__(self, build: Callable[..., QuerySet], *, stand_ins: tuple[Any, ...]) -> None:
         self.build = build
@@ -80,17 +85,20 @@ class KeptRead:
                 raise ValueError(f"KeptRead: each stand-in of {self.stand_ins!r} must be a parameter of its own in "
                                  f"{sql!r}; the parameters are {params!r}")
             klass_info, select = compiler.klass_info, compiler.select
-            fields = slice(klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1)
-            built = connection.__dict__[self._key] = _Built(
-                sql=sql, params=tuple(params), slots=tuple((tuple(places), form) for places, form in slots),
-                compiler=compiler,
-                init_list=[column[0].target.attname for column in select[fields]], fields=fields,
-                populators=get_related_populators(klass_info, select, connection.alias),
-                annotations=tuple(compiler.annotation_col_map.items()))
+            built = _Built(sql=sql, params=tuple(params), slots=tuple((tuple(places), form) for places, form in slots),
+                           compiler=compiler, init_list=[], fields=slice(0), populators=[], annotations=())
+            if queryset._iterable_class is ModelIterable:
+                fields = slice(klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1)
+                built = dataclasses.replace(
+                    built, init_list=[column[0].target.attname for column in select[fields]], fields=fields,
+                    populators=get_related_populators(klass_info, select, connection.alias),
+                    annotations=tuple(compiler.annotation_col_map.items()), model=klass_info["model"])
+            connection.__dict__[self._key] = built
         return built
 
-    def rows(self, *values: Any, using: str) -> list[Model]:
-        """The instances the queryset built for `values` would give, in its order (one statement)."""
+    def rows(self, *values: Any, using: str) -> list[Model] | list[tuple]:
+        """The instances (or tuples) the queryset built for `values` would give, in its order (one
+        statement)."""
         connection = connections[using]
         built = self._built(connection)
         params = list(built.params)
@@ -100,10 +108,12 @@ class KeptRead:
         with connection.cursor() as cursor:
             cursor.execute(built.sql, params)
             fetched = cursor.fetchall()
-        model = built.compiler.klass_info["model"]
+        converted = built.compiler.results_iter(results=[fetched])
+        if built.model is None:
+            return [tuple(row) for row in converted]
         found = []
-        for row in built.compiler.results_iter(results=[fetched]):
-            instance = model.from_db(using, built.init_list, row[built.fields])
+        for row in converted:
+            instance = built.model.from_db(using, built.init_list, row[built.fields])
             for populator in built.populators:
                 populator.populate(row, instance)
             for name, place in built.annotations:

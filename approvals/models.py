@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from dbkit.kept import KeptRead
 from jobs.models import Job
 
 # The longest comment a reviewer may leave with an answer (the API, the admin, the job page).
@@ -103,9 +106,7 @@ class Question(models.Model):
 
     def assignee_names(self) -> list[str]:
         """`["alice", "group:reviewers"]`: who may answer, as a job author writes it."""
-        users = [user.get_username() for user in self.assigned_users.all()]
-        groups = [f"group:{group.name}" for group in self.assigned_groups.all()]
-        return sorted(users) + sorted(groups)
+        return assignee_names(self)
 
     def asked_again_text(self) -> str:
         """`"asked again (round 2), because …"`, or "" for a question in its first round."""
@@ -208,3 +209,38 @@ class Decision(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise AppendOnly("decisions are never deleted")
+
+
+def _assignees(model: type[models.Model], pk: Any) -> models.QuerySet:
+    """The usernames and group names assigned to `model`'s row `pk`, as (name, "user" | "group")."""
+    rows = []
+    for relation, kind, name in [("assigned_users", "user", get_user_model().USERNAME_FIELD),
+                                 ("assigned_groups", "group", "name")]:
+        field = model._meta.get_field(relation)
+        links = field.remote_field.through.objects.filter(**{f"{field.m2m_field_name()}_id": pk})
+        rows.append(links.annotate(kind=Value(kind)).order_by()
+                    .values_list(f"{field.m2m_reverse_field_name()}__{name}", "kind"))
+    return rows[0].union(rows[1], all=True)
+
+
+_ASSIGNEE_READS: dict[type[models.Model], KeptRead] = {}
+
+
+def assignee_names(row: models.Model) -> list[str]:
+    """`["alice", "group:reviewers"]` for a row with `assigned_users` and `assigned_groups` (a
+    question, a wait): from what was prefetched, else one statement built once per connection
+    (dbkit.kept): an answer's response shows it."""
+    prefetched = getattr(row, "_prefetched_objects_cache", {})
+    if "assigned_users" in prefetched and "assigned_groups" in prefetched:
+        users = [user.get_username() for user in row.assigned_users.all()]
+        groups = [group.name for group in row.assigned_groups.all()]
+    else:
+        model = type(row)
+        read = _ASSIGNEE_READS.get(model)
+        if read is None:
+            stand_in = uuid.UUID(int=0) if isinstance(model._meta.pk, models.UUIDField) else -1
+            read = _ASSIGNEE_READS[model] = KeptRead(partial(_assignees, model), stand_ins=(stand_in,))
+        found = read.rows(row.pk, using=model.objects.db)
+        users = [name for name, kind in found if kind == "user"]
+        groups = [name for name, kind in found if kind == "group"]
+    return sorted(users) + [f"group:{name}" for name in sorted(groups)]

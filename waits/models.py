@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from approvals.models import assignee_names
 from jobs.models import Job
 
 
@@ -125,9 +126,7 @@ class Wait(models.Model):
 
     def assignee_names(self) -> list[str]:
         """`["alice", "group:ops"]`: who may act for the person channel."""
-        users = [user.get_username() for user in self.assigned_users.all()]
-        groups = [f"group:{group.name}" for group in self.assigned_groups.all()]
-        return sorted(users) + sorted(groups)
+        return assignee_names(self)
 
 
 class AppendOnly(Exception):

@@ -145,7 +145,7 @@ def question_answer(
 def _locked(question_id: Any) -> QuerySet[Question]:
     # Not select_related("answered_by"): when this waits for another answer's lock, PostgreSQL
     # re-reads the locked row but not the joined user, which would still be "nobody".
-    return Question.objects.select_for_update(of=("self",)).select_related("job").filter(pk=question_id)
+    return Question.objects.select_for_update(of=("self",)).select_related("job").filter(pk=question_id).order_by()
 
 
 def _locked_with_assignment(question_id: Any, user_id: Any) -> QuerySet[Question]:

@@ -117,7 +117,7 @@ def job_lock(*, job_id: Any) -> bool:
 
 
 # Built once per connection (dbkit.kept): every answer and every cancel takes this lock.
-_JOB_LOCK = KeptRead(lambda job_id: Job.objects.select_for_update().filter(pk=job_id).values_list("pk"),
+_JOB_LOCK = KeptRead(lambda job_id: Job.objects.select_for_update().filter(pk=job_id).order_by().values_list("pk"),
                      stand_ins=(uuid.UUID(int=0),))
 
 

@@ -11,7 +11,9 @@ is what the queryset would have given.
 Only a queryset whose varying values are plain parameters of its statement fits: each stand-in
 must appear among the parameters (as given, or for a UUID as the backend stores it: a `UUID` or
 its hex), and no other parameter may equal it. A value may appear more than once (a user's id in
-two subqueries); each place gets the read's own value.
+two subqueries); each place gets the read's own value. A stand-in has to be a value its field
+takes: Django leaves out a condition no row can meet (a negative number for a positive field)
+rather than sending it.
 """
 
 from __future__ import annotations

@@ -160,6 +160,20 @@ _LOCKED = KeptRead(_locked, stand_ins=(uuid.UUID(int=0),))
 _LOCKED_WITH_ASSIGNMENT = KeptRead(_locked_with_assignment, stand_ins=(uuid.UUID(int=0), -1))
 
 
+def _votes(question_id: Any, round: int, user_id: Any) -> QuerySet:
+    """The round's approvals so far and how many of them are the user's, as one row (none when
+    there are no approvals yet)."""
+    approvals = Decision.objects.filter(question_id=question_id, round=round, kind=Decision.Kind.APPROVED)
+    return approvals.order_by().values("question_id").annotate(
+        approvals=Count("pk"), mine=Count("pk", filter=Q(actor_id=user_id))).values_list("approvals", "mine")
+
+
+# Built once per connection (dbkit.kept). Each stand-in only has to be a value its field takes (a
+# round is never negative: Django drops an impossible condition before any SQL) and differ from
+# the statement's other parameters.
+_VOTES = KeptRead(_votes, stand_ins=(uuid.UUID(int=0), 2**31 - 1, -1))
+
+
 def _refuse_if_past_deadline(question: Question, record: dict[str, Any]) -> QuestionExpired | None:
     """An answer after `expires_at` is refused even before beat's deadline pass applies the
     policy; the refusal is a ledger row. Compared with the database's clock, so that the web
@@ -188,9 +202,8 @@ def _decide(question: Question, *, user: Any, answer: Any, comment: str, channel
         decision = decision_record(kind=Decision.Kind.REJECTED, **record)
     else:
         # The round's approvals so far and whether this user's is among them: one query.
-        votes = question.decisions.filter(round=question.round, kind=Decision.Kind.APPROVED).aggregate(
-            approvals=Count("pk"), mine=Count("pk", filter=Q(actor=user))
-        )
+        counted = _VOTES.rows(question.pk, question.round, user.pk, using=Decision.objects.db)
+        votes = {"approvals": counted[0][0], "mine": counted[0][1]} if counted else {"approvals": 0, "mine": 0}
         if votes["mine"]:
             raise AlreadyVoted(
                 f"{user.get_username()!r} already approved this question; it needs "

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import Model, QuerySet
 from django.db.models.query import ModelIterable, get_related_populators
@@ -98,6 +100,20 @@ class KeptRead:
             connection.__dict__[self._key] = built
         return built
 
+    def _check(self, values: tuple, connection: Any, sql: str, params: list, fetched: list) -> None:
+        """Under the test settings (`KEPT_READS_CHECK`): the ORM builds each read too, and it must
+        be the same statement with the same parameters."""
+        try:
+            expected_sql, expected_params = self.build(*values).using(connection.alias).query.get_compiler(
+                connection=connection).as_sql()
+        except EmptyResultSet:  # the ORM would not even ask: no row can match
+            if fetched:
+                raise AssertionError(f"a kept read found rows the ORM says none can match: {sql}\n{params}") from None
+            return
+        if sql != expected_sql or params != list(expected_params):
+            raise AssertionError(f"a kept read differs from the ORM's:\n{sql}\n{params}\n"
+                                 f"{expected_sql}\n{list(expected_params)}")
+
     def rows(self, *values: Any, using: str) -> list[Model] | list[tuple]:
         """The instances (or tuples) the queryset built for `values` would give, in its order (one
         statement)."""
@@ -110,6 +126,8 @@ class KeptRead:
         with connection.cursor() as cursor:
             cursor.execute(built.sql, params)
             fetched = cursor.fetchall()
+        if settings.KEPT_READS_CHECK:
+            self._check(values, connection, built.sql, params, fetched)
         converted = built.compiler.results_iter(results=[fetched])
         if built.model is None:
             return [tuple(row) for row in converted]

@@ -20,7 +20,8 @@ def by_owner(owner_id):
     return ApiToken.objects.select_related("user").filter(user_id=owner_id).order_by("name")
 
 
-def test_the_rows_are_the_querysets_own_with_their_related_rows(monkeypatch, django_assert_num_queries):
+def test_the_rows_are_the_querysets_own_with_their_related_rows(monkeypatch, settings, django_assert_num_queries):
+    settings.KEPT_READS_CHECK = False  # that check builds every read through the ORM as well
     User = get_user_model()
     ann, bob = User.objects.create_user("ann"), User.objects.create_user("bob")
     for name in ["b", "a", "c"]:
@@ -69,3 +70,14 @@ def test_a_value_in_several_places_and_a_uuid_take_each_reads_own(submitter):
     assert [(q.pk, q.mine) for q in read.rows(question.pk, submitter.pk, using="default")] == [(question.pk, True)]
     assert [(q.pk, q.mine) for q in read.rows(str(question.pk), other.pk, using="default")] == [(question.pk, False)]
     assert read.rows(uuid.uuid4(), submitter.pk, using="default") == []
+
+
+def test_under_the_test_settings_a_read_that_is_not_the_orms_fails():
+    """`KEPT_READS_CHECK` (on in the test settings) builds every read through the ORM too: a
+    build whose statement depends on more than its values (here a list that changes) is caught."""
+    names = ["a"]
+    read = KeptRead(lambda prefix: ApiToken.objects.filter(prefix=prefix, name__in=list(names)), stand_ins=("p",))
+    assert read.rows("x", using="default") == []
+    names.append("b")
+    with pytest.raises(AssertionError, match="differs from the ORM's"):
+        read.rows("x", using="default")

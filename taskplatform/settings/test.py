@@ -21,3 +21,4 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.testkinds", "tests.waitkinds", "tests.
 CACHES["default"]["KEY_PREFIX"] = REDIS_KEY_PREFIX  # noqa: F405
 # Every reuse of a kept move statement is compared with the ORM's (jobs/statements.py).
 JOBS_CHECK_MOVE_STATEMENTS = True
+KEPT_READS_CHECK = True

@@ -19,6 +19,7 @@ rather than sending it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ def _places(params: list, stand_in: Any) -> tuple[list[int], Callable[[Any], Any
     return [], forms[0]
 
 
+_numbers = itertools.count()
+
+
 @dataclass(frozen=True)
 class _Built:
     sql: str
@@ -74,7 +78,8 @@ class KeptRead:
     def __init__(self, build: Callable[..., QuerySet], *, stand_ins: tuple[Any, ...]) -> None:
         self.build = build
         self.stand_ins = stand_ins
-        self._key = f"_dbkit_kept_{id(self)}"
+        # Not id(self): a read that was freed (a test's) may leave its id to a new one.
+        self._key = f"_dbkit_kept_{next(_numbers)}"
 
     def _built(self, connection: Any) -> _Built:
         built = connection.__dict__.get(self._key)

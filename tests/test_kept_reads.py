@@ -81,3 +81,13 @@ def test_under_the_test_settings_a_read_that_is_not_the_orms_fails():
     names.append("b")
     with pytest.raises(AssertionError, match="differs from the ORM's"):
         read.rows("x", using="default")
+
+
+def test_a_new_read_never_takes_a_freed_ones_statement():
+    """Each read keeps its statement under a key of its own for its whole life: a read made after
+    another was freed (which may get its memory, so its id) builds its own."""
+    numbers = KeptRead(lambda user_id: ApiToken.objects.filter(user_id=user_id), stand_ins=(-1,))
+    assert numbers.rows(1, using="default") == []
+    del numbers
+    names = KeptRead(lambda name: ApiToken.objects.filter(name=name), stand_ins=("stand-in",))
+    assert names.rows("a name", using="default") == []

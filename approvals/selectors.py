@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
 from approvals.models import Decision, Question
+from dbkit.kept import KeptRead
 
 ANSWER_PERMISSION = "approvals.answer_question"
 
@@ -83,13 +87,49 @@ def with_approvals(questions: QuerySet[Question]) -> QuerySet[Question]:
     return questions.annotate(approvals_in_round=Coalesce(Subquery(votes), 0))
 
 
+def _visible_one(user: Any, question_id: Any) -> QuerySet[Question]:
+    return questions_visible_to(user).select_related("answered_by").filter(pk=question_id).order_by()
+
+
+# `question_get_visible` runs on every answer and every question page: its statement is built once
+# per connection (dbkit.kept) for each *shape* of user, everything about them that decides its
+# text: staff or not, superuser or not, whether they may answer at all, and the kinds that allow
+# self-approval. Their id is the read's value.
+_VISIBLE_READS: dict[tuple, KeptRead] = {}
+
+
+def _visible_read(user: Any) -> KeptRead:
+    may_answer = _may_answer_at_all(user)
+    shape = (user.is_staff, user.is_superuser, may_answer, tuple(kinds_allowing_self_approval()))
+    read = _VISIBLE_READS.get(shape)
+    if read is None:
+        def build(question_id: Any, user_id: Any = None) -> QuerySet[Question]:
+            stand_in = get_user_model()(pk=user_id, is_staff=shape[0], is_superuser=shape[1], is_active=True)
+            stand_in._perm_cache = {ANSWER_PERMISSION} if may_answer else set()
+            return _visible_one(stand_in, question_id)
+
+        # Staff see every question: then the user's id is not in the statement.
+        read = _VISIBLE_READS[shape] = KeptRead(build, stand_ins=(uuid.UUID(int=0),) if user.is_staff
+                                                else (uuid.UUID(int=0), -1))
+    if settings.KEPT_READS_CHECK:  # the shape must hold everything of the user's that the statement uses
+        stand_in = read.build(uuid.UUID(int=0), user.pk).query.sql_with_params()
+        assert _visible_one(user, uuid.UUID(int=0)).query.sql_with_params() == stand_in, (shape, stand_in)
+    return read
+
+
 def question_get_visible(*, user: Any, question_id: Any) -> Question:
     """The question `question_id` if `user` may see it; QuestionNotFound otherwise (as if it did
     not exist)."""
     from approvals.services import QuestionNotFound
 
     try:
-        question = questions_visible_to(user).select_related("answered_by").filter(pk=question_id).first()
+        if user is None or not user.is_authenticated or not user.is_active:
+            question = None
+        else:
+            read = _visible_read(user)
+            values = (question_id,) if user.is_staff else (question_id, user.pk)
+            found = read.rows(*values, using=Question.objects.db)
+            question = found[0] if found else None
     except (ValueError, TypeError, ValidationError):  # not a UUID
         question = None
     if question is None:

@@ -17,7 +17,9 @@ it creates and drops, and a Redis database it flushes. Then, one phase after ano
 3. **platform** — `manage.py submit demo.noop --count N`, as a user types it, timed until the
    database says all N jobs are `completed`.
 4. **api** — 8 clients (a separate process) POST `/api/jobs/` with a token for `--api-seconds`,
-   while the workers run the jobs they submit: requests/s, p50, p99.
+   while the workers run the jobs they submit: requests/s, p50, p99, and the CPU the clients
+   themselves took (pre-encoded requests on keep-alive connections: little, so the cores are
+   the server's).
 5. **answer→processing** — `demo.review` jobs paused on their question; each is answered with
    `POST /api/questions/{id}/answer/` and timed until its `processing` event exists.
 6. **wake→running** — `demo.generate` jobs parked with `drop_callback`; each wake callback is

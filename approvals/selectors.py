@@ -93,23 +93,27 @@ def _visible_one(user: Any, question_id: Any) -> QuerySet[Question]:
 
 # `question_get_visible` runs on every answer and every question page: its statement is built once
 # per connection (dbkit.kept) for each *shape* of user, everything about them that decides its
-# text: staff or not, superuser or not, whether they may answer at all, and the kinds that allow
-# self-approval. Their id is the read's value.
+# text: staff (who see every question, so nothing else about them matters), else superuser or not,
+# whether they may answer at all, and the kinds that allow self-approval. Their id is the read's
+# value.
 _VISIBLE_READS: dict[tuple, KeptRead] = {}
+_STAFF = (True, False, False, ())
 
 
 def _visible_read(user: Any) -> KeptRead:
-    may_answer = _may_answer_at_all(user)
-    shape = (user.is_staff, user.is_superuser, may_answer, tuple(kinds_allowing_self_approval()))
+    shape = _STAFF if user.is_staff else (
+        False, user.is_superuser, _may_answer_at_all(user), tuple(kinds_allowing_self_approval()))
     read = _VISIBLE_READS.get(shape)
     if read is None:
+        is_staff, is_superuser, may_answer, _ = shape
+
         def build(question_id: Any, user_id: Any = None) -> QuerySet[Question]:
-            stand_in = get_user_model()(pk=user_id, is_staff=shape[0], is_superuser=shape[1], is_active=True)
+            stand_in = get_user_model()(pk=user_id, is_staff=is_staff, is_superuser=is_superuser, is_active=True)
             stand_in._perm_cache = {ANSWER_PERMISSION} if may_answer else set()
             return _visible_one(stand_in, question_id)
 
-        # Staff see every question: then the user's id is not in the statement.
-        read = _VISIBLE_READS[shape] = KeptRead(build, stand_ins=(uuid.UUID(int=0),) if user.is_staff
+        # For staff the user's id is not in the statement.
+        read = _VISIBLE_READS[shape] = KeptRead(build, stand_ins=(uuid.UUID(int=0),) if is_staff
                                                 else (uuid.UUID(int=0), -1))
     if settings.KEPT_READS_CHECK:  # the shape must hold everything of the user's that the statement uses
         stand_in = read.build(uuid.UUID(int=0), user.pk).query.sql_with_params()

@@ -5,8 +5,8 @@ look for its owner's webhooks. Building such a statement through the ORM (the qu
 joins, compiling) costs more CPU than sending it to the database. `KeptRead` has the ORM build it
 once per connection with a stand-in value, keeps the text with the place of that value in its
 parameters, and runs it with each read's own value. The rows become model instances through the
-same compiler, converters, `select_related` populators and annotations a queryset uses, so what a caller gets
-is what the queryset would have given.
+same compiler, converters, `select_related` populators and annotations a queryset uses, so what a
+caller gets is what the queryset would have given.
 
 Only a queryset whose varying values are plain parameters of its statement fits: each stand-in
 must appear among the parameters (as given, or for a UUID as the backend stores it: a `UUID` or
@@ -61,12 +61,12 @@ class _Built:
     # For each value of a read: the places of its parameters, and how it is put there.
     slots: tuple[tuple[tuple[int, ...], Callable[[Any], Any]], ...]
     compiler: Any
-    # How a row becomes an instance of `model`; empty (and no model) for a `values_list` read,
-    # whose rows are tuples.
-    init_list: list[str]
-    fields: slice
-    populators: list
-    annotations: tuple[tuple[str, int], ...]
+    # How a row becomes an instance of `model`; none of it for a `values_list` read, whose rows
+    # are tuples.
+    init_list: list[str] = dataclasses.field(default_factory=list)
+    fields: slice = dataclasses.field(default_factory=lambda: slice(0))
+    populators: list = dataclasses.field(default_factory=list)
+    annotations: tuple[tuple[str, int], ...] = ()
     model: Any = None
 
 
@@ -93,15 +93,16 @@ class KeptRead:
             if any(not places for places, _ in slots) or len(taken) != len(set(taken)):
                 raise ValueError(f"KeptRead: each stand-in of {self.stand_ins!r} must be a parameter of its own in "
                                  f"{sql!r}; the parameters are {params!r}")
-            klass_info, select = compiler.klass_info, compiler.select
-            built = _Built(sql=sql, params=tuple(params), slots=tuple((tuple(places), form) for places, form in slots),
-                           compiler=compiler, init_list=[], fields=slice(0), populators=[], annotations=())
+            slots = tuple((tuple(places), form) for places, form in slots)
             if queryset._iterable_class is ModelIterable:
+                klass_info, select = compiler.klass_info, compiler.select
                 fields = slice(klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1)
-                built = dataclasses.replace(
-                    built, init_list=[column[0].target.attname for column in select[fields]], fields=fields,
-                    populators=get_related_populators(klass_info, select, connection.alias),
-                    annotations=tuple(compiler.annotation_col_map.items()), model=klass_info["model"])
+                built = _Built(sql=sql, params=tuple(params), slots=slots, compiler=compiler,
+                               init_list=[column[0].target.attname for column in select[fields]], fields=fields,
+                               populators=get_related_populators(klass_info, select, connection.alias),
+                               annotations=tuple(compiler.annotation_col_map.items()), model=klass_info["model"])
+            else:
+                built = _Built(sql=sql, params=tuple(params), slots=slots, compiler=compiler)
             connection.__dict__[self._key] = built
         return built
 

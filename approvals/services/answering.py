@@ -203,13 +203,13 @@ def _decide(question: Question, *, user: Any, answer: Any, comment: str, channel
     else:
         # The round's approvals so far and whether this user's is among them: one query.
         counted = _VOTES.rows(question.pk, question.round, user.pk, using=Decision.objects.db)
-        votes = {"approvals": counted[0][0], "mine": counted[0][1]} if counted else {"approvals": 0, "mine": 0}
-        if votes["mine"]:
+        so_far, mine = counted[0] if counted else (0, 0)
+        if mine:
             raise AlreadyVoted(
                 f"{user.get_username()!r} already approved this question; it needs "
-                f"{question.required_approvals - votes['approvals']} more approval(s) from other reviewers"
+                f"{question.required_approvals - so_far} more approval(s) from other reviewers"
             )
-        approvals = votes["approvals"] + 1
+        approvals = so_far + 1
         question.approvals_in_round = approvals  # as `selectors.with_approvals` reads it, for the response
         decision = decision_record(kind=Decision.Kind.APPROVED, detail={"approvals": approvals,
                                                                          "required": question.required_approvals},

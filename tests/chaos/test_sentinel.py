@@ -35,6 +35,8 @@ def test_a_platform_client_follows_the_master_through_the_sentinels(sentinel_clu
     to the promoted replica after the master dies."""
     client = redis_client(sentinel_cluster.url, socket_timeout=1, socket_connect_timeout=1)
     client.set("before", "1")
+    # Replication is asynchronous: the kill must not beat the write to the replica.
+    assert client.execute_command("WAIT", 1, 5000) == 1
     sentinel_cluster.kill_master()
     wait_until(lambda: sentinel_cluster.master_address() == ("127.0.0.1", sentinel_cluster.replica.port),
                timeout=30, message="the Sentinels did not promote the replica")

@@ -142,10 +142,23 @@ _cache_pools: dict[tuple[int, str, str], Any] = {}
 _cache_pools_lock = threading.Lock()
 
 
+# One `redis.Redis` per pool, kept: Django builds a new one for every cache call (each builds its
+# table of response callbacks), which the API's throttle paid on every request. A client takes
+# a connection from its pool for each command, so threads may share it.
+_cache_clients: dict[int, Any] = {}
+
+
 class SentinelAwareCacheClient(RedisCacheClient):
-    """Django's Redis cache client, with one connection pool per process shared by every cache
-    object, whose pool asks the Sentinels for the master when LOCATION is a sentinel:// URL
-    (Django's own client takes plain URLs only)."""
+    """Django's Redis cache client, with one connection pool and one client per process shared
+    by every cache object, whose pool asks the Sentinels for the master when LOCATION is a
+    sentinel:// URL (Django's own client takes plain URLs only)."""
+
+    def get_client(self, key: Any = None, *, write: bool = False) -> Any:
+        pool = self._get_connection_pool(write)
+        client = _cache_clients.get(id(pool))  # pools live as long as the process: ids stay theirs
+        if client is None or client.connection_pool is not pool:
+            client = _cache_clients[id(pool)] = self._client(connection_pool=pool)
+        return client
 
     def _get_connection_pool(self, write: bool) -> Any:
         server = self._servers[self._get_connection_pool_index(write)]

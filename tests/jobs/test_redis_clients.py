@@ -48,3 +48,16 @@ def test_the_channel_layer_gets_channels_redis_sentinel_host():
                     "sentinel_kwargs": {"password": "sp"}}
     assert channel_layer_host("redis://h:6379/0", socket_timeout=30) == {"address": "redis://h:6379/0",
                                                                        "socket_timeout": 30}
+
+
+def test_the_cache_keeps_one_client_per_pool_and_it_works():
+    """Django builds a `redis.Redis` for every cache call; ours is built once per pool (the API's
+    throttle asks the cache on every request)."""
+    from django.core.cache import cache
+
+    first = cache._cache.get_client("k", write=True)
+    assert cache._cache.get_client("other", write=True) is first
+    assert cache._cache.get_client("k") is first  # one server: reads use the same pool
+    cache.set("redis-clients:kept", 7, 30)
+    assert cache.get("redis-clients:kept") == 7
+    cache.delete("redis-clients:kept")

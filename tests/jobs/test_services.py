@@ -171,6 +171,24 @@ def test_submit_many_is_all_or_nothing_and_names_the_bad_input():
     assert Job.objects.count() == 0
 
 
+def test_the_submit_command_runs_no_system_checks(monkeypatch, capsys):
+    """From the command line (`call_command` would skip them anyway): the checks load every
+    URLconf before the first job, a quarter of a second per submit."""
+    from django.core.management import base
+    from django.core.management.base import BaseCommand
+
+    from jobs.management.commands.submit import Command
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("submit ran Django's system checks")
+
+    monkeypatch.setattr(BaseCommand, "check", refuse)
+    monkeypatch.setattr(base.connections, "close_all", lambda: None)  # the test's transaction stays open
+    Command().run_from_argv(["manage.py", "submit", "demo.noop"])
+    (job_id,) = capsys.readouterr().out.split()
+    assert Job.objects.filter(pk=job_id).exists()
+
+
 def test_the_submit_command_prints_one_id_per_job(capsys):
     from django.core.management import CommandError, call_command
 

@@ -77,3 +77,13 @@ def _serve_every_queue_by_default(sender=None, conf=None, **kwargs) -> None:
     queues = sorted({k.queue for k in kinds_all() if k.queue})
     names = dict.fromkeys([conf.task_default_queue, settings.JOBS_PLATFORM_QUEUE, *queues])
     conf.task_queues = [Queue(name, Exchange(name), routing_key=name) for name in names]
+
+
+@signals.worker_before_create_process.connect
+def _freeze_before_forking(**kwargs) -> None:
+    """In a worker's main process, just before it forks a pool process: what the main process
+    holds (Django, the apps, Celery) goes out of the garbage collector's full passes, here and in
+    the child, which then shares those pages instead of copying them (taskplatform/heap.py)."""
+    from taskplatform.heap import freeze_startup_objects
+
+    freeze_startup_objects()

@@ -87,3 +87,20 @@ def _freeze_before_forking(**kwargs) -> None:
     from taskplatform.heap import freeze_startup_objects
 
     freeze_startup_objects()
+
+
+# A pool process runs the job in its main thread and pushes its events from a thread of its own
+# (jobs.broadcast). While the job's Python runs, that thread waits for the GIL until the main
+# thread blocks on I/O or the switch interval (5 ms by default) makes it let go. Timed per hop of
+# an answered job's `processing` push (bench/README.md): from queued to sent 3.2 ms at 5 ms, 1.2 ms
+# at 0.5 ms; the push as a whole 10.3 against 7.3 ms. The other threads (the push, the lease's
+# heartbeat) are idle most of the time, and the interval matters only while one waits.
+POOL_SWITCH_INTERVAL = 0.0005
+
+
+@signals.worker_process_init.connect
+def _switch_threads_sooner(**kwargs) -> None:
+    """In each pool process: the push thread gets the GIL within half a millisecond."""
+    import sys
+
+    sys.setswitchinterval(POOL_SWITCH_INTERVAL)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 from taskplatform.heap import WEB_THRESHOLDS
@@ -35,3 +36,23 @@ def test_a_worker_freezes_its_objects_before_it_forks_a_pool_process():
         assert gc.get_freeze_count() > 50_000
     finally:
         gc.unfreeze()
+
+
+def test_a_pool_process_lets_its_push_thread_run_within_half_a_millisecond():
+    """The events' push thread waits for the GIL while a job's Python runs: up to the switch
+    interval, 5 ms by default (taskplatform/celery.py)."""
+    import sys
+
+    from celery import signals
+
+    from taskplatform.celery import POOL_SWITCH_INTERVAL, _switch_threads_sooner
+
+    connected = [receiver() if isinstance(receiver, weakref.ReferenceType) else receiver
+                 for _, receiver in signals.worker_process_init.receivers]
+    assert _switch_threads_sooner in connected
+    before = sys.getswitchinterval()
+    try:
+        _switch_threads_sooner()
+        assert sys.getswitchinterval() == POOL_SWITCH_INTERVAL < 0.001
+    finally:
+        sys.setswitchinterval(before)

@@ -476,13 +476,11 @@ class JobWatch:
     """One job's live stream, `/ws/jobs/{id}/`, followed as an API client does: a ticket asked for
     with an API key, then the websocket, whose first message is the job's snapshot."""
 
-    def __init__(self, base_url: str, key: str, job_id: Any) -> None:
+    def __init__(self, http: HttpConnection, base_url: str, key: str, job_id: Any) -> None:
         from websockets.sync.client import connect
 
         parts = urlsplit(base_url)
-        http = HttpConnection(base_url)
         status, body = http.post("/api/ws-tickets/", b"", {"Authorization": f"Token {key}"})
-        http.close()
         if status != 201:
             raise SystemExit(f"bench: no websocket ticket: {status} {body[:200]!r}")
         ticket = json.loads(body)["ticket"]
@@ -542,7 +540,7 @@ def resumes_timed(base_url: str, key: str, posts: list[tuple[Any, str, bytes, di
     on_socket, rows, responses = [], [], []
     try:
         for job_id, path, body, headers in posts:
-            watch = JobWatch(base_url, key, job_id)
+            watch = JobWatch(http, base_url, key, job_id)
             try:
                 time.sleep(0.05)  # one at a time, as reviewers and callbacks come
                 arrival = reader.submit(watch.status_received, "processing")
@@ -677,13 +675,13 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
             api = result["api"]
             print(f"  API           {api['per_second']:8.1f} req/s  p50 {api['p50']} ms  p99 {api['p99']} ms  "
                   f"errors {api['errors']}  cpu {api['cpu_seconds']}", flush=True)
+        watcher = watcher_key() if phases & {"answer", "wake"} else ""
         if "answer" in phases:
-            result["answer_to_processing_ms"] = answer_phase(shipped, token, watcher_key(), args.resumes,
-                                                             args.profile)
+            result["answer_to_processing_ms"] = answer_phase(shipped, token, watcher, args.resumes, args.profile)
             shown = {k: v for k, v in result["answer_to_processing_ms"].items() if k != "profile_web"}
             print(f"  answer→processing {shown}", flush=True)
         if "wake" in phases:
-            result["wake_to_running_ms"] = wake_phase(shipped, watcher_key(), args.resumes)
+            result["wake_to_running_ms"] = wake_phase(shipped, watcher, args.resumes)
             print(f"  wake→running      {result['wake_to_running_ms']}", flush=True)
     finally:
         from django.db import connections

@@ -155,8 +155,8 @@ class SentinelAwareCacheClient(RedisCacheClient):
 
     def get_client(self, key: Any = None, *, write: bool = False) -> Any:
         pool = self._get_connection_pool(write)
-        client = _cache_clients.get(id(pool))  # pools live as long as the process: ids stay theirs
-        if client is None or client.connection_pool is not pool:
+        client = _cache_clients.get(id(pool))  # pools are never dropped (`_cache_pools`): ids stay theirs
+        if client is None:
             client = _cache_clients[id(pool)] = self._client(connection_pool=pool)
         return client
 

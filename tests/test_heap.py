@@ -11,6 +11,8 @@ import sys
 import weakref
 from pathlib import Path
 
+import pytest
+
 from taskplatform.heap import WEB_THRESHOLDS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -41,8 +43,6 @@ def test_a_worker_freezes_its_objects_before_it_forks_a_pool_process():
 def test_a_pool_process_lets_its_push_thread_run_within_half_a_millisecond():
     """The events' push thread waits for the GIL while a job's Python runs: up to the switch
     interval, 5 ms by default (taskplatform/celery.py)."""
-    import sys
-
     from celery import signals
 
     from taskplatform.celery import POOL_SWITCH_INTERVAL, _switch_threads_sooner
@@ -56,3 +56,20 @@ def test_a_pool_process_lets_its_push_thread_run_within_half_a_millisecond():
         assert sys.getswitchinterval() == POOL_SWITCH_INTERVAL < 0.001
     finally:
         sys.setswitchinterval(before)
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_job_runs_in_a_pool_process_with_a_frozen_heap_and_the_short_switch_interval(worker):
+    """The same, in a real worker: its pool process was forked from a frozen main process."""
+    from jobs.models import Job
+    from jobs.services import job_submit
+    from taskplatform.celery import POOL_SWITCH_INTERVAL
+    from tests.support.processes import wait_until
+
+    job, _ = job_submit(kind="test.process_state", input={})
+    wait_until(lambda: Job.objects.filter(pk=job.pk, status=Job.Status.COMPLETED).exists(), timeout=30,
+               message=f"job {job.pk} did not complete")
+    state = Job.objects.get(pk=job.pk).result
+    assert state["frozen"] > 50_000
+    assert state["switch_interval"] == POOL_SWITCH_INTERVAL

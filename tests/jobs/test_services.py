@@ -175,14 +175,13 @@ def test_the_submit_command_runs_no_system_checks(monkeypatch, capsys):
     """From the command line (`call_command` would skip them anyway): the checks load every
     URLconf before the first job, a quarter of a second per submit."""
     from django.core.management import base
-    from django.core.management.base import BaseCommand
 
     from jobs.management.commands.submit import Command
 
     def refuse(*args, **kwargs):
         raise AssertionError("submit ran Django's system checks")
 
-    monkeypatch.setattr(BaseCommand, "check", refuse)
+    monkeypatch.setattr(base.BaseCommand, "check", refuse)
     monkeypatch.setattr(base.connections, "close_all", lambda: None)  # the test's transaction stays open
     Command().run_from_argv(["manage.py", "submit", "demo.noop"])
     (job_id,) = capsys.readouterr().out.split()

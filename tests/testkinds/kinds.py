@@ -398,3 +398,12 @@ def clock(ctx, input):
         {"done": True}), policy=policy, service="pretend")
     ctx.step("b", lambda: step_run_count(job_id=ctx.job_id, step="b") or "done")
     return {"answer": answer, "waited": result, "step_runs": step_runs(job_id=ctx.job_id)}
+
+
+@job_kind("test.process_state", input_schema={"type": "object"})
+def process_state(ctx, input):
+    """What the pool process running a job was set up with (taskplatform/celery.py, heap.py)."""
+    import gc
+    import sys
+
+    return {"frozen": gc.get_freeze_count(), "switch_interval": sys.getswitchinterval()}

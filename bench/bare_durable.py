@@ -108,11 +108,16 @@ def _statements() -> dict[str, str]:
 
 @cache
 def _cursor() -> Any:
-    """One connection per worker process, autocommit, client-side binding: as Django's psycopg
-    backend sends statements (the platform's literals inline, one round trip each)."""
+    """One connection per worker process, autocommit, one round trip per statement, sent as the
+    platform sends them: prepared once per connection (`dbkit.prepared`), unless the bench's
+    environment sets DATABASE_PREPARED_STATEMENTS=false (then client-side binding, the literals
+    inline, as Django's psycopg backend sends any other statement)."""
     import psycopg
 
-    conn = psycopg.connect(os.environ["BENCH_DURABLE_DSN"], autocommit=True, cursor_factory=psycopg.ClientCursor)
+    prepared = os.environ.get("DATABASE_PREPARED_STATEMENTS", "true").strip().lower() not in {"0", "false", "no", "off"}
+    factory = psycopg.Cursor if prepared else psycopg.ClientCursor
+    conn = psycopg.connect(os.environ["BENCH_DURABLE_DSN"], autocommit=True, cursor_factory=factory,
+                           prepare_threshold=0 if prepared else None)
     return conn.cursor()
 
 

@@ -315,13 +315,15 @@ def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
             bare_durable.submit(conn, 1)
             wait_for(lambda: completed() >= 1, 60, "the durable baseline's first job")
             conn.execute(f"TRUNCATE {bare_durable.EVENTS}, {bare_durable.JOBS}")
+            since = datetime.now(UTC)
             started = time.perf_counter()
             bare_durable.submit(conn, count)
             submitted = time.perf_counter() - started
             wait_for(lambda: completed() >= count, 600, f"{count} durable baseline jobs", interval=0.25)
             seconds = time.perf_counter() - started
+            first, last = conn.execute(f"SELECT min(started_at), max(finished_at) FROM {bare_durable.JOBS}").fetchone()
             return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
-                    "submit_seconds": round(submitted, 3),
+                    "submit_seconds": round(submitted, 3), **drain_figures(count, since, first, last),
                     "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
                     "statements": json.loads(statements_path.read_text())}
     finally:
@@ -329,8 +331,20 @@ def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
         conn.close()
 
 
+def drain_figures(count: int, since: datetime, first: datetime | None, last: datetime | None) -> dict[str, Any]:
+    """When the worker claimed the first job and finished the last, from the rows, and the rate in
+    between: the worker's own pace, apart from the submission that the run's rate includes."""
+    if first is None or last is None:
+        return {}
+    drain = (last - first).total_seconds()
+    return {"first_claim_after_s": round((first - since).total_seconds(), 3), "drain_seconds": round(drain, 3),
+            "drain_per_second": round(count / drain, 1) if drain > 0 else None}
+
+
 def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = None) -> dict[str, Any]:
     """`manage.py submit demo.noop --count N`, until the database says all are completed."""
+    from django.db.models import Max, Min
+
     from jobs.models import Job
 
     profile = Profile(shipped, "worker", max(5.0, count / 400), profile_dir)
@@ -353,9 +367,12 @@ def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = Non
 
     wait_for(done, 900, f"{count} platform jobs", interval=0.25)
     seconds = time.perf_counter() - started
-    failed = Job.objects.filter(created_at__gte=since, kind="demo.noop", status="failed").count()
+    ran = Job.objects.filter(created_at__gte=since, kind="demo.noop")
+    failed = ran.filter(status="failed").count()
+    span = ran.aggregate(first=Min("started_at"), last=Max("finished_at"))
     return {"count": len(ids), "seconds": round(seconds, 3), "per_second": round(len(ids) / seconds, 1),
-            "submit_seconds": round(submitted, 3), "failed": failed, "rss_under_load_mb": rss_peak,
+            "submit_seconds": round(submitted, 3), **drain_figures(len(ids), since, span["first"], span["last"]),
+            "failed": failed, "rss_under_load_mb": rss_peak,
             "cpu_seconds": cpu_delta(cpu_before, shipped.cpu_by_service()), "profile_worker": profile.top()}
 
 
@@ -659,13 +676,15 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
         if "durable" in phases:
             result["durable"] = durable_phase(args.count, worker_concurrency, os.environ["REDIS_URL"])
             durable = result["durable"]
-            print(f"  bare + SQL    {durable['per_second']:8.1f} jobs/s  (the platform's two statements per job, no "
-                  f"Django; submitted in {durable['submit_seconds']} s, worker cpu "
-                  f"{durable['worker_cpu_seconds_with_start']} s)", flush=True)
+            print(f"  bare + SQL    {durable['per_second']:8.1f} jobs/s  (the platform's two statements per job, "
+                  f"no Django; submitted in {durable['submit_seconds']} s, drained at "
+                  f"{durable.get('drain_per_second')}/s, worker cpu {durable['worker_cpu_seconds_with_start']} s)",
+                  flush=True)
         if "platform" in phases:
             result["platform"] = platform_phase(args.count, shipped, args.profile)
             run = result["platform"]
-            print(f"  platform      {run['per_second']:8.1f} jobs/s  (submitted in {run['submit_seconds']} s)  "
+            print(f"  platform      {run['per_second']:8.1f} jobs/s  (submitted in {run['submit_seconds']} s, "
+                  f"first claim after {run.get('first_claim_after_s')} s, drained at {run.get('drain_per_second')}/s)  "
                   f"cpu {run['cpu_seconds']}", flush=True)
         if "bare" in result and "platform" in result:
             result["ratio"] = round(result["platform"]["per_second"] / result["bare"]["per_second"], 3)

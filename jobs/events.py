@@ -18,6 +18,7 @@ from django.db.models import F, Func, JSONField, Value
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
+from dbkit.prepared import prepared_cursor
 from jobs.broadcast import event_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
@@ -93,7 +94,7 @@ def job_create_with_first_event(job: Job) -> JobEvent:
     sql = (f"WITH j AS ({insert_sql}), i AS ({_event_insert_prefix(connection)} "
            f"SELECT j.{quote(meta.pk.column)}, {', '.join(['%s'] * len(tail))} FROM j RETURNING id) "
            f"SELECT {''.join(f'j.{quote(field.column)}, ' for field in returned)}i.id FROM j CROSS JOIN i")
-    with connection.cursor() as cursor:
+    with prepared_cursor(connection) as cursor:
         cursor.execute(sql, [*insert_params, *_event_params(event, tail, connection)])
         *values, event_id = cursor.fetchone()
     for field, value in zip(returned, values, strict=True):

@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from django.db.models.lookups import In
 from django.db.models.sql import UpdateQuery
 
+from dbkit.prepared import prepared_cursor
 from jobs.presenters import event_text
 from jobs.timestamps import iso_utc
 
@@ -71,7 +72,7 @@ class JobQuerySet(models.QuerySet):
             insert_sql, insert_params = then_insert
             sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
             params = [*params, *insert_params]
-        with connection.cursor() as cursor:
+        with prepared_cursor(connection) as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
         if row is None:

@@ -164,6 +164,10 @@ else:
     # so a restarted PostgreSQL costs one failed check, not a failed job.
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=600)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# The hot paths' statements (a job's moves, the kept reads) are prepared once per connection
+# (dbkit/prepared.py). Set false behind a connection pooler in transaction mode that does not
+# follow prepared statements (PgBouncer before 1.21).
+DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis ------------------------------------------------------------------------------------

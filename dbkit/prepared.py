@@ -1,0 +1,102 @@
+"""A cursor whose statements PostgreSQL parses and plans once per connection.
+
+Django sends every statement as text with its values written in (psycopg's client-side binding),
+and PostgreSQL parses and plans each one again. The statements of the hot paths (a job's moves,
+`jobs.statements`; the reads of `dbkit.kept`) have the same text every time, with only their values
+changing: for a no-op job's claim and outcome, parsing and planning were about a third of the
+time the two statements took (`bench/README.md`, "Prepared statements"). `prepared_cursor`
+returns a Django cursor on the same connection whose statements go with server-side binding and
+are prepared on first use (psycopg's `prepare=True`): later runs send only the values.
+
+psycopg keeps the prepared statements per connection (at most `prepared_max`, the least recently
+used deallocated first), so it works with Django's persistent connections and with its pool.
+A connection pooler in transaction mode that does not follow prepared statements (PgBouncer
+before 1.21, or 1.21+ with `max_prepared_statements = 0`) breaks them: there, set
+`DATABASE_PREPARED_STATEMENTS=false` and the same statements go as before, as text.
+
+Only for PostgreSQL with psycopg 3; anything else gets `connection.cursor()`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.utils.asyncio import async_unsafe
+
+
+def _classes() -> tuple[Any, Any]:
+    from django.db.backends.postgresql.base import CursorDebugWrapper, ServerBindingCursor
+    from django.db.backends.utils import CursorWrapper
+
+    class PreparedCursor(ServerBindingCursor):
+        """Server-side binding, and each statement prepared the first time this connection runs it."""
+
+        def execute(
+            self, query: Any, params: Any = None, *, prepare: bool | None = None, binary: bool | None = None
+        ) -> Any:
+            return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
+
+    class PreparedDebugWrapper(CursorDebugWrapper):
+        """Django's debug cursor (DEBUG, or a test capturing queries) records the text psycopg
+        sent, which a prepared statement does not leave to read: record the statement with its
+        values written in, as the client-side binding would have sent it."""
+
+        def execute(self, sql: Any, params: Any = None) -> Any:
+            shown = self.db.ops.compose_sql(sql, params) if params else sql
+            with self.debug_sql(shown, params):
+                return CursorWrapper.execute(self, sql, params)
+
+    return PreparedCursor, PreparedDebugWrapper
+
+
+_classes_made: tuple[Any, Any] | None = None
+# psycopg prepares a statement once it ran this many times; only `prepare=True` does it here.
+NEVER_BY_COUNT = 2**62
+
+
+def _same_time_zone(connection: Any, cursor: Any) -> None:
+    """As Django's `create_cursor`: the cursor reads timestamps in the connection's time zone."""
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+    from psycopg.postgres import types
+    from psycopg.pq import Format
+
+    tzloader = connection.connection.adapters.get_loader(types["timestamptz"].oid, Format.TEXT)
+    if connection.timezone != tzloader.timezone:
+        register_tzloader(connection.timezone, cursor)
+
+
+def prepares(connection: Any) -> bool:
+    """Whether `prepared_cursor(connection)` prepares (PostgreSQL on psycopg 3, and the setting)."""
+    if connection.vendor != "postgresql" or not getattr(settings, "DATABASE_PREPARED_STATEMENTS", True):
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return is_psycopg3
+
+
+@async_unsafe
+def prepared_cursor(connection: Any) -> Any:
+    """A cursor on `connection` (a Django connection) whose statements are prepared: use it for a
+    statement whose text repeats (and only for one statement with parameters: a prepared
+    statement holds one command). Elsewhere `connection.cursor()`."""
+    global _classes_made
+    if not prepares(connection):
+        return connection.cursor()
+    if _classes_made is None:
+        _classes_made = _classes()
+    cursor_class, debug_wrapper = _classes_made
+    # What `connection.cursor()` does (BaseDatabaseWrapper._cursor), with this cursor class.
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = connection.connection
+        if raw.prepare_threshold is None:
+            # Django turns psycopg's preparing off (None), which also refuses `prepare=True`.
+            # A threshold no statement reaches lets only this cursor's statements be prepared:
+            # Django's own cursors bind on the client side and never prepare.
+            raw.prepare_threshold = NEVER_BY_COUNT
+        cursor = cursor_class(raw)
+        _same_time_zone(connection, cursor)
+        connection.validate_thread_sharing()
+        return debug_wrapper(cursor, connection) if connection.queries_logged else connection.make_cursor(cursor)

@@ -1,0 +1,80 @@
+"""The hot paths' statements are prepared once per connection (dbkit/prepared.py)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from accounts.models import ApiToken
+from accounts.services import api_token_create
+from dbkit.kept import KeptRead
+from dbkit.prepared import prepared_cursor, prepares
+from jobs.services import job_claim, job_complete, job_submit
+
+pytestmark = [
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's"),
+    pytest.mark.django_db,
+]
+
+
+def _prepared() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE from_sql = false")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _pending(count: int, monkeypatch) -> list:
+    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
+    return [job_submit(kind="demo.noop", input={})[0] for _ in range(count)]
+
+
+def test_a_moves_statement_is_prepared_once_and_run_again_with_each_moves_values(monkeypatch):
+    first, second = _pending(2, monkeypatch)
+    job_claim(job_id=first.pk, worker="w1 pid 1", task_id="t-1")
+    after_one = _prepared()
+    claims = [text for text in after_one if text.startswith('WITH j AS (UPDATE "jobs_job" SET "status"')]
+    assert len(claims) == 1 and "$1" in claims[0], after_one  # the values go apart from the text
+
+    claimed = job_claim(job_id=second.pk, worker="w2 pid 2", task_id="t-2")
+
+    assert _prepared() == after_one  # the second claim ran the prepared one
+    assert (claimed.pk, claimed.worker, claimed.task_id, claimed.status) == (second.pk, "w2 pid 2", "t-2", "processing")
+    first.refresh_from_db()
+    assert (first.worker, first.task_id, first.status) == ("w1 pid 1", "t-1", "processing")
+    assert job_complete(job=claimed, result={"n": 2}).result == {"n": 2}
+
+
+def test_a_kept_read_is_prepared(submitter, settings):
+    settings.KEPT_READS_CHECK = False  # that check builds every read through the ORM as well
+    api_token_create(user=submitter, name="ci")
+    read = KeptRead(lambda owner_id: ApiToken.objects.filter(user_id=owner_id).order_by("name"), stand_ins=(-1,))
+    before = _prepared()
+    assert [token.name for token in read.rows(submitter.pk, using="default")] == ["ci"]
+    assert [token.name for token in read.rows(submitter.pk + 1, using="default")] == []
+    added = [text for text in _prepared() if text not in before]
+    assert len(added) == 1 and '"accounts_apitoken"' in added[0] and "$1" in added[0], added
+
+
+def test_captured_queries_show_the_statement_with_its_values(monkeypatch):
+    (job,) = _pending(1, monkeypatch)
+    with CaptureQueriesContext(connection) as captured:
+        job_claim(job_id=job.pk, worker="w1 pid 1", task_id="t-1")
+    (query,) = captured.captured_queries
+    assert job.pk.hex in query["sql"] and "'w1 pid 1'" in query["sql"] and "$1" not in query["sql"]
+
+
+def test_turned_off_nothing_is_prepared_and_the_moves_still_work(monkeypatch, settings):
+    settings.DATABASE_PREPARED_STATEMENTS = False
+    assert not prepares(connection)
+    (job,) = _pending(1, monkeypatch)
+    before = _prepared()
+    claimed = job_claim(job_id=job.pk, worker="w1 pid 1", task_id="t-1")
+    assert claimed.status == "processing" and _prepared() == before
+
+
+def test_the_cursor_reads_timestamps_in_utc():
+    with prepared_cursor(connection) as cursor:
+        cursor.execute("SELECT %s::timestamptz", ["2026-12-02 10:00:00+02:00"])
+        (value,) = cursor.fetchone()
+    assert value.utcoffset().total_seconds() == 0 and value.hour == 8

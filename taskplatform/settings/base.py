@@ -322,8 +322,9 @@ CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 # https://docs.celeryq.dev/en/stable/userguide/configuration.html#worker-cancel-long-running-tasks-on-connection-loss
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=None)
-# Long-lived prefork children leak memory in real job code; recycle them now and then.
-CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("WORKER_MAX_TASKS_PER_CHILD", default=1000)
+# Long-lived prefork children leak memory in real job code; recycle them now and then. 0: never
+# (Celery wants None for that, and refuses to start its pool on a 0).
+CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("WORKER_MAX_TASKS_PER_CHILD", default=1000) or None
 CELERY_TASK_DEFAULT_QUEUE = "jobs"
 # Beat's housekeeping (the reconciler, due waits, deadlines, webhook retries) has a queue of its
 # own, served by a small worker of its own (`platform-worker` under `make run` and in compose):

@@ -245,8 +245,16 @@ def test_a_group_send_is_one_round_trip_with_its_members_and_keeps_channels_redi
             pipe.execute = execute
             return pipe
 
-        with mock.patch.object(type(connection), "pipeline", counted_pipeline):
+        real_evalsha = type(connection).evalsha
+
+        async def counted_evalsha(self, *args, **kwargs):
+            calls.append("script")
+            return await real_evalsha(self, *args, **kwargs)
+
+        with mock.patch.object(type(connection), "pipeline", counted_pipeline), \
+                mock.patch.object(type(connection), "evalsha", counted_evalsha):
             members = await layer.group_members(["bench.capacity", "bench.nobody"])
+            assert calls == ["script"], calls  # both groups in one round trip
             assert set(members) == {"bench.capacity"} and set(members["bench.capacity"]) == {full, open_}
             calls.clear()
             capacity = layer.get_capacity(full)
@@ -256,12 +264,32 @@ def test_a_group_send_is_one_round_trip_with_its_members_and_keeps_channels_redi
                                    members=members["bench.capacity"])
             assert len(calls) == 1, calls  # one round trip, members given
             await layer.group_send("bench.nobody", {"type": "test.message"})
-            assert len(calls) == 2, calls  # the read of nobody, and nothing sent
+            assert calls[1:] == ["script"], calls  # the read of nobody, and nothing sent
         return capacity
 
     capacity = async_to_sync(scenario)()
     assert [message["number"] for message in received(open_, 1)] == [1]
     assert [message["number"] for message in received(full, capacity)] == [-1] * capacity
+
+
+def test_group_members_drops_expired_members_and_survives_a_redis_that_forgot_its_scripts():
+    group = f"bench.expiry.{uuid.uuid4().hex}"
+
+    async def scenario():
+        layer = get_channel_layer()
+        await layer.group_add(group, "bench.alive")
+        connection = layer.connection(0)
+        stale = int(time.time()) - layer.group_expiry - 10  # joined, and never renewed since
+        await connection.zadd(layer._group_key(group), {"bench.gone": stale})
+        await connection.script_flush()  # as after a restart: the script is not there
+        first = await layer.group_members([group, "bench.nobody"])
+        second = await layer.group_members([group])
+        left = await connection.zrange(layer._group_key(group), 0, -1)
+        return first, second, left
+
+    first, second, left = async_to_sync(scenario)()
+    assert first == second == {group: ["bench.alive"]}
+    assert left == [b"bench.alive"]  # the expired member is gone from Redis too
 
 
 def test_the_fan_out_takes_a_message_in_one_round_trip_and_leaves_the_others_theirs():

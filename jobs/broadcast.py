@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import json
 import logging
 import os
 import threading
@@ -199,11 +198,9 @@ def event_publish(*, job: Job, event: JobEvent) -> None:
     Call it only after the event's transaction committed (`jobs.events.event_record` does so
     with `transaction.on_commit`), so no client ever sees an event that was rolled back.
     """
-    # `frame` is what a websocket client gets, encoded here once rather than once per client.
-    data = event.as_dict()
-    publish(job_group(job.pk), {"type": "job.event", "job_id": str(job.pk), "event": data,
-                                "frame": json.dumps({"type": "event", "event": data})})
+    # The data only: a web process that has followers encodes their frame once for all of them
+    # (`jobs.fanout.Push`). Most events are followed by nobody, and a pool process running a job
+    # would otherwise encode each one for nothing (and send it twice over Redis).
+    publish(job_group(job.pk), {"type": "job.event", "job_id": str(job.pk), "event": event.as_dict()})
     if event.type == JobEvent.Type.STATUS:
-        summary = job_as_dict(job)
-        publish(FEED_GROUP, {"type": "job.status", "job": summary, "owner_id": job.owner_id,
-                             "frame": json.dumps({"type": "job", "job": summary})})
+        publish(FEED_GROUP, {"type": "job.status", "job": job_as_dict(job), "owner_id": job.owner_id})

@@ -77,12 +77,12 @@ def _events_after(job_id: Any, after: int, limit: int) -> list[dict[str, Any]]:
 
 
 def event_text(message: dict[str, Any]) -> str:
-    """A pushed event as its websocket message (the publisher encodes it once, for everyone)."""
-    return message.get("frame") or json.dumps({"type": "event", "event": message["event"]})
+    """A pushed event as its websocket message (built once per process: `Push.encoded`)."""
+    return json.dumps({"type": "event", "event": message["event"]})
 
 
 def job_text(message: dict[str, Any]) -> str:
-    return message.get("frame") or json.dumps({"type": "job", "job": message["job"]})
+    return json.dumps({"type": "job", "job": message["job"]})
 
 
 def _framed(text_of: Any) -> Any:

@@ -5,14 +5,13 @@ push that is lost (Redis restarting, a client's channel over capacity) costs a c
 read, never an event: consumers fill any gap in `seq` from the database.
 
 Every process (a Celery worker child, the ASGI server, a management command) publishes through
-ONE event loop running in a daemon thread and ONE channel layer with its own Redis connection
-pool, created on first use. `async_to_sync(layer.group_send)` per event would build a new loop
-and a new Redis connection each time (slow, and it leaks connections: channels_redis #100,
-#125, #332). After a fork (Celery's prefork children) the child starts its own on first use.
+ONE daemon thread and ONE channel layer with its own Redis connections, created on first use.
+`async_to_sync(layer.group_send)` per event would build a new loop and a new Redis connection
+each time (slow, and it leaks connections: channels_redis #100, #125, #332). After a fork
+(Celery's prefork children) the child starts its own on first use.
 
-`publish` only hands the message to that loop and returns at once, so it never blocks the
-caller, sync or async. Messages to one group are sent in the order they were published (one
-chain per group); different groups go out concurrently.
+`publish` only hands the message to that thread and returns at once, so it never blocks the
+caller, sync or async. Messages to one group are sent in the order they were published.
 """
 
 from __future__ import annotations
@@ -22,10 +21,9 @@ import atexit
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import Future
-from functools import partial
 from typing import Any
 
 from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
@@ -50,93 +48,93 @@ def job_group(job_id: Any) -> str:
 
 
 class Publisher:
-    """One asyncio loop in a daemon thread and one channel layer, for one process.
+    """One daemon thread and one channel layer, for one process.
 
-    Sends are queued and taken by the loop in batches: a batch asks Redis once which of its
-    groups anyone follows, and who (`group_members`, one pipelined round trip), and sends only
-    to those, each message one more round trip (`group_send` with the members it was given).
-    Most pushes go to a job nobody watches at that moment, and the feed when no page is open:
-    they then cost a share of one round trip, not a task and a round trip each. Messages keep
-    their order within a group; different groups go out concurrently.
+    Sends are queued and taken by the thread in batches: a batch asks Redis once which of its
+    groups anyone follows, and who (`group_members_now`, one script per Redis host), and sends
+    only to those, each message one more round trip (`group_send_now` with the members it was
+    given). Most pushes go to a job nobody watches at that moment, and the feed when no page is
+    open: they then cost a share of one round trip. Messages keep their order within a group.
+
+    The thread uses plain blocking sockets (the layer's `…_now` methods): with an asyncio loop
+    and redis-py's asyncio client, the loop's wake-ups and the client's machinery cost a pool
+    process about half as much CPU as the job's own work (bench/README.md, "Prepared
+    statements"). A channel layer without those methods gets its own `group_send`, awaited on a
+    loop of this thread.
     """
 
     def __init__(self, alias: str = DEFAULT_CHANNEL_LAYER) -> None:
         self.pid = os.getpid()
         self.layer = channel_layers.make_backend(alias)
-        self.loop = asyncio.new_event_loop()
         self._queue: deque[tuple[str, dict[str, Any]]] = deque()  # appended by any thread
-        self._woken = False  # a wake-up of the loop is on its way (the loop clears it)
-        self._draining: asyncio.Task | None = None  # only touched on the loop
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # the thread waits on it for sends
+        self._done = threading.Condition(self._lock)  # `flush` waits on it for the thread
+        self._sending = False  # the thread holds a batch (under the lock)
+        self._waiting = False  # the thread waits for work (under the lock)
+        self._loop: asyncio.AbstractEventLoop | None = None  # only for another channel layer
         self._thread = threading.Thread(target=self._run, name="job-event-publisher", daemon=True)
         self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
 
     def send(self, group: str, message: dict[str, Any]) -> None:
         """Queue `message` for `group` and return at once (thread-safe)."""
         if len(self._queue) >= MAX_PENDING:
             logger.warning("job event publisher: %d sends pending, dropped one for %s", len(self._queue), group)
             return
-        self._queue.append((group, message))
-        if not self._woken:  # one wake-up per batch, not one per message
-            self._woken = True
-            self.loop.call_soon_threadsafe(self._wake)
+        with self._lock:
+            self._queue.append((group, message))
+            if self._waiting:  # one wake-up per batch, not one per message
+                self._waiting = False
+                self._work.notify()
 
-    # -- on the publisher's loop -------------------------------------------------------------
-    def _wake(self) -> None:
-        self._woken = False
-        if self._draining is None or self._draining.done():
-            self._draining = self.loop.create_task(self._drain_queue())
-
-    async def _drain_queue(self) -> None:
-        while self._queue:
-            batch = []
-            while self._queue and len(batch) < BATCH:
-                batch.append(self._queue.popleft())
+    # -- on the publisher's thread -----------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._sending = False
+                    self._done.notify_all()
+                    self._waiting = True
+                    self._work.wait()
+                self._sending = True
+                batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
             try:
-                await self._send_batch(batch)
+                self._send_batch(batch)
             except Exception as exc:  # a lost push costs a client a database read, never an event
                 logger.warning("job event publish of %d message(s) failed: %s: %s", len(batch), type(exc).__name__,
                                exc)
 
-    async def _send_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> None:
+    def _send_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> None:
         by_group: dict[str, list[dict[str, Any]]] = {}
         for group, message in batch:
             by_group.setdefault(group, []).append(message)
-        group_members = getattr(self.layer, "group_members", None)  # taskplatform.channel_layer
-        if group_members is None:
-            members: dict[str, list[str] | None] = dict.fromkeys(by_group)
-        else:
-            members = await group_members(list(by_group))
-        sends = [self._send_in_order(group, by_group[group], found) for group, found in members.items()]
-        if sends:
-            await asyncio.gather(*sends)
+        group_members = getattr(self.layer, "group_members_now", None)  # taskplatform.channel_layer
+        members = dict.fromkeys(by_group) if group_members is None else group_members(list(by_group))
+        for group, found in members.items():
+            for message in by_group[group]:
+                try:
+                    if found is None:
+                        self._awaited(self.layer.group_send(group, message))
+                    else:
+                        self.layer.group_send_now(group, message, found)
+                except Exception as exc:
+                    logger.warning("job event publish to %s failed: %s: %s", group, type(exc).__name__, exc)
 
-    async def _send_in_order(self, group: str, messages: list[dict[str, Any]], members: list[str] | None) -> None:
-        send = self.layer.group_send if members is None else partial(self.layer.group_send, members=members)
-        for message in messages:
-            try:
-                await send(group, message)
-            except Exception as exc:
-                logger.warning("job event publish to %s failed: %s: %s", group, type(exc).__name__, exc)
-
-    async def _idle(self) -> None:
-        while self._queue or self._woken or (self._draining is not None and not self._draining.done()):
-            if self._draining is not None and not self._draining.done():
-                await asyncio.wait([self._draining])
-            else:
-                await asyncio.sleep(0.005)
+    def _awaited(self, coroutine: Any) -> Any:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coroutine)
 
     # -- from any thread -------------------------------------------------------------------
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued send has gone out (or failed); False on timeout."""
-        future: Future = asyncio.run_coroutine_threadsafe(self._idle(), self.loop)
-        try:
-            future.result(timeout)
-        except TimeoutError:
-            return False
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._queue or self._sending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._done.wait(remaining)
         return True
 
 

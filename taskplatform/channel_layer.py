@@ -21,6 +21,8 @@ import logging
 import time
 from typing import Any
 
+import redis
+import redis.sentinel
 from channels_redis.core import RedisChannelLayer as BaseRedisChannelLayer
 from redis import asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -69,6 +71,27 @@ return found
 _GROUP_MEMBERS_SHA = hashlib.sha1(_GROUP_MEMBERS.encode()).hexdigest()
 
 
+def _members_found(names: list[str], answer: list) -> dict[str, list[str]]:
+    """`_GROUP_MEMBERS`' answer for the groups `names`, as {group: its member channels}."""
+    return {names[position - 1]: [channel.decode() for channel in channels]
+            for position, channels in zip(answer[::2], answer[1::2], strict=True)}
+
+
+def _plain_client(host: dict[str, Any]) -> Any:
+    """A plain redis-py client for one entry of the layer's `hosts`, made as channels-redis makes
+    its asyncio pools (`channels_redis.utils.create_pool`; an address gets a pool that waits for a
+    free connection, as `RedisChannelLayer.create_pool`)."""
+    host = dict(host)
+    if "address" in host:
+        address = host.pop("address")
+        host.setdefault("max_connections", 100)
+        host.setdefault("timeout", 10)
+        return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(address, **host))
+    master_name = host.pop("master_name")
+    sentinel = redis.sentinel.Sentinel(host.pop("sentinels"), sentinel_kwargs=host.pop("sentinel_kwargs", None))
+    return redis.Redis(connection_pool=redis.sentinel.SentinelConnectionPool(master_name, sentinel, **host))
+
+
 class RedisChannelLayer(BaseRedisChannelLayer):
     """`channels_redis.core.RedisChannelLayer` with blocking pools that re-joins its groups after
     a lost connection (see the module docstring).
@@ -81,6 +104,7 @@ class RedisChannelLayer(BaseRedisChannelLayer):
         super().__init__(*args, **kwargs)
         self.memberships: dict[str, set[str]] = {}  # group -> this process's channels in it
         self.rejoin_needed = False
+        self.sync_clients: dict[int, Any] = {}  # host index -> a plain client (`connection_now`)
 
     async def group_add(self, group: str, channel: str) -> None:
         await super().group_add(group, channel)
@@ -107,25 +131,17 @@ class RedisChannelLayer(BaseRedisChannelLayer):
     async def group_members(self, groups: list[str]) -> dict[str, list[str]]:
         """The member channels of each of `groups` that has any: one round trip per Redis host for
         all of them (a script that drops the expired members first, as channels-redis does, and
-        answers only for the groups that have members). The publisher (`jobs.broadcast`) asks
-        this once per batch and sends only to those, passing each group's members to
-        `group_send`. A script is one command where a pipeline was two per group: about half
-        the client's CPU per batch (bench/README.md, "Prepared statements")."""
-        by_host: dict[int, list[str]] = {}
-        for group in groups:
-            by_host.setdefault(self.consistent_hash(group), []).append(group)
-        oldest = int(time.time()) - self.group_expiry
+        answers only for the groups that have members), where a pipeline took two commands per
+        group. `group_members_now` is the same from a plain thread (the publisher's)."""
         members: dict[str, list[str]] = {}
-        for index, names in by_host.items():
+        for index, names, keys, oldest in self._members_asks(groups):
             connection = self.connection(index)
-            keys = [self._group_key(group) for group in names]
             try:
                 answer = await connection.evalsha(_GROUP_MEMBERS_SHA, len(keys), *keys, oldest)
             except NoScriptError:  # the server has not seen it yet (or restarted since): load it
                 await connection.script_load(_GROUP_MEMBERS)
                 answer = await connection.evalsha(_GROUP_MEMBERS_SHA, len(keys), *keys, oldest)
-            for position, channels in zip(answer[::2], answer[1::2], strict=True):
-                members[names[position - 1]] = [channel.decode() for channel in channels]
+            members.update(_members_found(names, answer))
         return members
 
     async def group_send(self, group: str, message: dict, members: list[str] | None = None) -> None:
@@ -134,29 +150,81 @@ class RedisChannelLayer(BaseRedisChannelLayer):
 
         channels-redis spends four, one after another: drop the group's expired members, read
         the rest, drop the members' expired messages, then add the message to each member (the
-        script). Here the first two are `group_members`' pipeline (a group nobody is in costs
-        that one round trip), and the last two one pipeline per host. Every push of a job event
-        takes this path, from a pool process whose main thread is running a job: each round
-        trip saved is also a wait for the GIL saved. The semantics are channels-redis': expired
-        members and messages dropped, a member over its capacity skipped (and logged), the
-        channels sharing a Redis key named in the message (`__asgi_channel__`).
+        script). Here the first two are `group_members`' script (a group nobody is in costs that
+        one round trip), and the last two one pipeline per host. The semantics are
+        channels-redis': expired members and messages dropped, a member over its capacity
+        skipped (and logged), the channels sharing a Redis key named in the message
+        (`__asgi_channel__`). `group_send_now` is the same from a plain thread.
         """
         assert self.require_valid_group_name(group), "Group name not valid"
         if members is None:
             members = (await self.group_members([group])).get(group, [])
+        for pipe in self._send_pipelines(message, members, lambda index: self.connection(index)):
+            self._over_capacity((await pipe.execute())[-1], group, members)
+
+    # -- The same two, from a plain thread ------------------------------------------------------
+    # The publisher of job events (`jobs.broadcast`) runs in a thread of every pool process and
+    # asks these for every event: with redis-py's asyncio client and an event loop of its own,
+    # the loop's machinery and the client's cost about as much CPU as the job's own statements
+    # (bench/README.md, "Prepared statements"). These use a plain client per host, made on
+    # first use in the process that uses it (its pool waits for a free connection, as above).
+
+    def connection_now(self, index: int) -> Any:
+        """A plain (not asyncio) client on host `index`, kept by this layer."""
+        client = self.sync_clients.get(index)
+        if client is None:
+            client = self.sync_clients[index] = _plain_client(self.hosts[index])
+        return client
+
+    def group_members_now(self, groups: list[str]) -> dict[str, list[str]]:
+        """`group_members`, blocking this thread for its round trips."""
+        members: dict[str, list[str]] = {}
+        for index, names, keys, oldest in self._members_asks(groups):
+            connection = self.connection_now(index)
+            try:
+                answer = connection.evalsha(_GROUP_MEMBERS_SHA, len(keys), *keys, oldest)
+            except NoScriptError:  # the server has not seen it yet (or restarted since): load it
+                connection.script_load(_GROUP_MEMBERS)
+                answer = connection.evalsha(_GROUP_MEMBERS_SHA, len(keys), *keys, oldest)
+            members.update(_members_found(names, answer))
+        return members
+
+    def group_send_now(self, group: str, message: dict, members: list[str]) -> None:
+        """`group_send` to the `members` just read, blocking this thread for its round trip."""
+        assert self.require_valid_group_name(group), "Group name not valid"
+        for pipe in self._send_pipelines(message, members, lambda index: self.connection_now(index)):
+            self._over_capacity(pipe.execute()[-1], group, members)
+
+    def _members_asks(self, groups: list[str]) -> list[tuple[int, list[str], list[bytes], int]]:
+        """(host index, group names, their keys, the oldest score kept) for each host."""
+        by_host: dict[int, list[str]] = {}
+        for group in groups:
+            by_host.setdefault(self.consistent_hash(group), []).append(group)
+        oldest = int(time.time()) - self.group_expiry
+        return [(index, names, [self._group_key(group) for group in names], oldest)
+                for index, names in by_host.items()]
+
+    def _send_pipelines(self, message: dict, members: list[str], connection_for: Any) -> list[Any]:
+        """One pipeline per host, filled, that adds `message` to each member's key (none when
+        there are no members)."""
         if not members:
-            return
+            return []
         by_host, message_for_key, capacity_for_key = self._map_channel_keys_to_connection(members, message)
         now = time.time()
+        pipes = []
         for index, keys in by_host.items():
-            pipe = self.connection(index).pipeline(transaction=False)
+            pipe = connection_for(index).pipeline(transaction=False)
             for key in keys:
                 pipe.zremrangebyscore(key, min=0, max=int(now) - int(self.expiry))
             pipe.eval(_SEND_TO_CHANNELS, len(keys), *keys, *(message_for_key[key] for key in keys),
                       *(capacity_for_key[key] for key in keys), now, self.expiry)
-            over_capacity = (await pipe.execute())[-1]
-            if over_capacity:
-                logger.info("%s of %s channels over capacity in group %s", over_capacity, len(members), group)
+            pipes.append(pipe)
+        return pipes
+
+    @staticmethod
+    def _over_capacity(skipped: int, group: str, members: list[str]) -> None:
+        if skipped:
+            logger.info("%s of %s channels over capacity in group %s", skipped, len(members), group)
 
     async def receive_unbacked(self, channel: str) -> dict:
         """The next message for the process-specific `channel`, in one blocking round trip

@@ -60,18 +60,19 @@ def test_many_publishes_share_one_loop_thread_and_one_layer_and_keep_their_order
     assert publisher() is first and len(publisher_threads()) == 1
     assert first.flush(5)
     assert [message["number"] for message in received(channel, 200)] == list(range(200))
-    assert list(first.layer._layers) == [first.loop]  # one set of Redis connections
+    # One plain client, no asyncio pools: the thread sends on blocking sockets.
+    assert list(first.layer.sync_clients) == [0] and not first.layer._layers
 
 
 def test_publish_returns_at_once_even_when_redis_is_slow():
     member_of("bench.slow")
     slow_sends = []
 
-    async def slow_send(group, message, members=None):
-        await asyncio.sleep(0.05)  # every send waits; the caller must not
+    def slow_send(group, message, members):
+        time.sleep(0.05)  # every send waits; the caller must not
         slow_sends.append(message)
 
-    with mock.patch.object(publisher().layer, "group_send", slow_send):
+    with mock.patch.object(publisher().layer, "group_send_now", slow_send):
         started = time.monotonic()
         for number in range(20):
             publish("bench.slow", {"type": "test.message", "number": number})
@@ -95,17 +96,17 @@ def test_publish_does_not_block_an_event_loop():
 def test_a_failed_push_never_fails_the_write(caplog):
     job, _ = job_submit(kind="demo.noop", input={})
 
-    async def broken(group, message, members=None):
+    def broken(group, message, members):
         raise ConnectionError("redis is down")
 
-    async def broken_check(groups):
+    def broken_check(groups):
         raise ConnectionError("redis is down")
 
-    with mock.patch.object(publisher().layer, "group_members", broken_check), caplog.at_level(logging.WARNING):
+    with mock.patch.object(publisher().layer, "group_members_now", broken_check), caplog.at_level(logging.WARNING):
         event = event_append(job_id=job.pk, type="log", status="info", message={"text": "written, pushed nowhere"})
         assert publisher().flush(5)
     member_of(job_group(job.pk))
-    with mock.patch.object(publisher().layer, "group_send", broken), caplog.at_level(logging.WARNING):
+    with mock.patch.object(publisher().layer, "group_send_now", broken), caplog.at_level(logging.WARNING):
         event = event_append(job_id=job.pk, type="log", status="info", message={"text": "still written"})
         assert publisher().flush(5)
     assert event.seq == 3 and job.events.count() == 3
@@ -117,18 +118,22 @@ def test_a_batch_asks_redis_once_which_groups_anyone_follows_and_sends_only_to_t
     channel = member_of("bench.followed")
     asked, sent = [], []
     layer = publisher().layer
-    real_members, real_send = layer.group_members, layer.group_send
+    real_members, real_send = layer.group_members_now, layer.group_send_now
 
-    async def members(groups):
-        asked.append(list(groups))
-        return await real_members(groups)
+    def members(groups):
+        if groups == ["bench.pause"]:
+            time.sleep(0.2)  # the thread is busy: the sends below queue up
+        else:
+            asked.append(list(groups))
+        return real_members(groups)
 
-    async def send(group, message, members=None):
+    def send(group, message, members):
         sent.append((group, members))
-        await real_send(group, message, members=members)
+        real_send(group, message, members)
 
-    with mock.patch.object(layer, "group_members", members), mock.patch.object(layer, "group_send", send):
-        publisher().loop.call_soon_threadsafe(time.sleep, 0.2)  # the loop is busy: the sends queue up
+    with mock.patch.object(layer, "group_members_now", members), mock.patch.object(layer, "group_send_now", send):
+        publish("bench.pause", {"type": "test.message"})
+        time.sleep(0.05)  # the thread has taken it
         for number in range(300):
             publish(f"bench.nobody.{number}", {"type": "test.message"})
             publish("bench.followed", {"type": "test.message", "number": number})

@@ -40,9 +40,7 @@ def _as_uuid(value: Any) -> uuid.UUID:
 
 # How a stand-in may appear among a statement's parameters, and how a read's value is put there.
 _UUID_FORMS: list[Callable[[Any], Any]] = [
-    _as_uuid,
-    lambda value: _as_uuid(value).hex,
-    lambda value: str(_as_uuid(value)),
+    _as_uuid, lambda value: _as_uuid(value).hex, lambda value: str(_as_uuid(value)),
 ]
 
 
@@ -95,25 +93,16 @@ class KeptRead:
             slots = [_places(params, stand_in) for stand_in in self.stand_ins]
             taken = [place for places, _ in slots for place in places]
             if any(not places for places, _ in slots) or len(taken) != len(set(taken)):
-                raise ValueError(
-                    f"KeptRead: each stand-in of {self.stand_ins!r} must be a parameter of its own in "
-                    f"{sql!r}; the parameters are {params!r}"
-                )
+                raise ValueError(f"KeptRead: each stand-in of {self.stand_ins!r} must be a parameter of its own in "
+                                 f"{sql!r}; the parameters are {params!r}")
             slots = tuple((tuple(places), form) for places, form in slots)
             if queryset._iterable_class is ModelIterable:
                 klass_info, select = compiler.klass_info, compiler.select
                 fields = slice(klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1)
-                built = _Built(
-                    sql=sql,
-                    params=tuple(params),
-                    slots=slots,
-                    compiler=compiler,
-                    init_list=[column[0].target.attname for column in select[fields]],
-                    fields=fields,
-                    populators=get_related_populators(klass_info, select, connection.alias),
-                    annotations=tuple(compiler.annotation_col_map.items()),
-                    model=klass_info["model"],
-                )
+                built = _Built(sql=sql, params=tuple(params), slots=slots, compiler=compiler,
+                               init_list=[column[0].target.attname for column in select[fields]], fields=fields,
+                               populators=get_related_populators(klass_info, select, connection.alias),
+                               annotations=tuple(compiler.annotation_col_map.items()), model=klass_info["model"])
             else:
                 built = _Built(sql=sql, params=tuple(params), slots=slots, compiler=compiler)
             connection.__dict__[self._key] = built
@@ -123,17 +112,15 @@ class KeptRead:
         """Under the test settings (`KEPT_READS_CHECK`): the ORM builds each read too, and it must
         be the same statement with the same parameters."""
         try:
-            expected_sql, expected_params = (
-                self.build(*values).using(connection.alias).query.get_compiler(connection=connection).as_sql()
-            )
+            expected_sql, expected_params = self.build(*values).using(connection.alias).query.get_compiler(
+                connection=connection).as_sql()
         except EmptyResultSet:  # the ORM would not even ask: no row can match
             if fetched:
                 raise AssertionError(f"a kept read found rows the ORM says none can match: {sql}\n{params}") from None
             return
         if sql != expected_sql or params != list(expected_params):
-            raise AssertionError(
-                f"a kept read differs from the ORM's:\n{sql}\n{params}\n{expected_sql}\n{list(expected_params)}"
-            )
+            raise AssertionError(f"a kept read differs from the ORM's:\n{sql}\n{params}\n"
+                                 f"{expected_sql}\n{list(expected_params)}")
 
     def rows(self, *values: Any, using: str) -> list[Model] | list[tuple]:
         """The instances (or tuples) the queryset built for `values` would give, in its order (one

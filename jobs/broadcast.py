@@ -71,7 +71,6 @@ class Publisher:
         self._work = threading.Condition(self._lock)  # the thread waits on it for sends
         self._done = threading.Condition(self._lock)  # `flush` waits on it for the thread
         self._sending = False  # the thread holds a batch (under the lock)
-        self._waiting = False  # the thread waits for work (under the lock)
         self._loop: asyncio.AbstractEventLoop | None = None  # only for another channel layer
         self._thread = threading.Thread(target=self._run, name="job-event-publisher", daemon=True)
         self._thread.start()
@@ -83,9 +82,7 @@ class Publisher:
             return
         with self._lock:
             self._queue.append((group, message))
-            if self._waiting:  # one wake-up per batch, not one per message
-                self._waiting = False
-                self._work.notify()
+            self._work.notify()  # wakes the thread if it waits; nothing to do while it sends
 
     # -- on the publisher's thread -----------------------------------------------------------
     def _run(self) -> None:
@@ -94,7 +91,6 @@ class Publisher:
                 while not self._queue:
                     self._sending = False
                     self._done.notify_all()
-                    self._waiting = True
                     self._work.wait()
                 self._sending = True
                 batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]

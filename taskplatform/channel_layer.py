@@ -159,7 +159,7 @@ class RedisChannelLayer(BaseRedisChannelLayer):
         assert self.require_valid_group_name(group), "Group name not valid"
         if members is None:
             members = (await self.group_members([group])).get(group, [])
-        for pipe in self._send_pipelines(message, members, lambda index: self.connection(index)):
+        for pipe in self._send_pipelines(message, members, self.connection):
             self._over_capacity((await pipe.execute())[-1], group, members)
 
     # -- The same two, from a plain thread ------------------------------------------------------
@@ -192,7 +192,7 @@ class RedisChannelLayer(BaseRedisChannelLayer):
     def group_send_now(self, group: str, message: dict, members: list[str]) -> None:
         """`group_send` to the `members` just read, blocking this thread for its round trip."""
         assert self.require_valid_group_name(group), "Group name not valid"
-        for pipe in self._send_pipelines(message, members, lambda index: self.connection_now(index)):
+        for pipe in self._send_pipelines(message, members, self.connection_now):
             self._over_capacity(pipe.execute()[-1], group, members)
 
     def _members_asks(self, groups: list[str]) -> list[tuple[int, list[str], list[bytes], int]]:

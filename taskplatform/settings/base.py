@@ -15,6 +15,7 @@ from pathlib import Path
 import environ
 from csp.constants import NONE, SELF
 
+from dbkit.pool import returned as pool_returned
 from jobs.redis_clients import channel_layer_host
 from taskplatform.redis_urls import broker_transport_options_for, redis_url_for_celery
 
@@ -147,16 +148,21 @@ elif env.bool("DATABASE_POOL", default=False):
     # its own, so a persistent connection per thread would leak connections until PostgreSQL
     # refuses more; a pool shared by the threads bounds them. Django requires CONN_MAX_AGE 0.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # Makes Django give the pool psycopg's `check_connection`: a pooled connection is checked
-    # as it is handed out, so after PostgreSQL restarts (which kills every pooled connection)
-    # the dead ones are replaced instead of failing one request each (tests/chaos).
-    # https://docs.djangoproject.com/en/5.2/ref/databases/#connection-pool
+    # A pooled connection is checked as it is handed out, so after PostgreSQL restarts (which
+    # kills every pooled connection) the dead ones are replaced instead of failing one request
+    # each (tests/chaos). With CONN_HEALTH_CHECKS Django gives the pool psycopg's
+    # `check_connection`, a round trip per request; the backend `dbkit.postgresql` puts
+    # `dbkit.pool.check_quietly` in its place, which asks the socket first and sends that round
+    # trip only when in doubt. https://docs.djangoproject.com/en/5.2/ref/databases/#connection-pool
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        DATABASES["default"]["ENGINE"] = "dbkit.postgresql"
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"]["OPTIONS"] = {
         "pool": {
             "min_size": env.int("DATABASE_POOL_MIN", default=2),
             "max_size": env.int("DATABASE_POOL_MAX", default=10),
             "timeout": 10,
+            "reset": pool_returned,  # notes when a connection came back (dbkit.pool)
         }
     }
 else:

@@ -190,10 +190,12 @@ def wait_fail_apply(*, wait: Wait, code: str, message: str, fields: dict[str, An
 
 
 # -- what wakes a wait ------------------------------------------------------------------------
-def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None) -> None:
-    """Caller holds the job's row lock, then the wait's, inside a transaction."""
+def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None, token_used: bool = False) -> None:
+    """Caller holds the job's row lock, then the wait's, inside a transaction. `token_used`: the
+    wake token is spent by this wake (one UPDATE of the wait's row for both)."""
     now = db_now()
-    Wait.objects.filter(pk=wait.pk).update(woken_at=now, woken_by=by, next_due_at=now, updated_at=now)
+    spent = {"token_used_at": now} if token_used else {}
+    Wait.objects.filter(pk=wait.pk).update(woken_at=now, woken_by=by, next_due_at=now, updated_at=now, **spent)
     event_append(job_id=wait.job_id, type="wait", step=wait.key, status="woken", message={"by": by, **(message or {})})
     try:
         job_wake(job_id=wait.job_id, on=wait_suspension(wait.key), reason={"wait": wait.key, "by": by})
@@ -245,8 +247,7 @@ def wake_token_redeem(*, token: str) -> Wait:
                 # The caller holds the real token: tell it what came first.
                 raise WakeTokenInvalid(f"this wait already ended: {wait_ended_text(wait)}")
             raise WakeTokenInvalid("unknown, used or expired wake token")
-        Wait.objects.filter(pk=wait.pk).update(token_used_at=db_now())
-        _wake(wait=wait, by="callback")
+        _wake(wait=wait, by="callback", token_used=True)
     return wait
 
 

@@ -1,0 +1,74 @@
+"""A burst of a job's events reaches a crowd of followers in one pass (jobs.fanout.LocalFanout),
+through the real channel layer on Redis; a handful of followers never waits for it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from channels.layers import get_channel_layer
+
+from jobs.fanout import LocalFanout
+
+
+class Watcher:
+    """A follower that notes how its messages came: one by one, or together."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[list[int]] = []
+
+    def deliver(self, push) -> None:
+        self.arrivals.append([push.message["n"]])
+
+    def deliver_batch(self, batch) -> None:
+        self.arrivals.append([push.message["n"] for push in batch.pushes])
+
+
+async def _burst_to(watchers: int, spacing: float = 0.0005) -> list[list[int]]:
+    """`watchers` followers of a new group; three messages `spacing` apart after a quiet spell;
+    how the first follower got them."""
+    fanout, layer, group = LocalFanout(), get_channel_layer(), f"bursts-{uuid.uuid4().hex}"
+    crowd = [Watcher() for _ in range(watchers)]
+    try:
+        for watcher in crowd:
+            await fanout.follow(group, watcher)
+        for n in range(3):
+            await layer.group_send(group, {"type": "job.event", "group": group, "n": n})  # as jobs.broadcast sends
+            await asyncio.sleep(spacing)
+        for _ in range(200):
+            if sum(len(arrival) for arrival in crowd[0].arrivals) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert all(watcher.arrivals == crowd[0].arrivals for watcher in crowd)
+        return crowd[0].arrivals
+    finally:
+        for task in fanout.tasks:
+            task.cancel()
+        await asyncio.gather(*fanout.tasks, return_exceptions=True)
+        await layer.group_discard(group, fanout.channel)
+
+
+@pytest.fixture
+def large_passes(monkeypatch, settings):
+    """A window wide enough for a loaded machine (50 ms), and a pass over 200 followers that
+    counts as 200 ms long, so the window is worth waiting; three followers' pass (3 ms) is not."""
+    settings.LIVE_BURST_WINDOW_MS = 50.0
+    monkeypatch.setattr(LocalFanout, "per_follower", 1e-3)
+
+
+def test_a_crowd_gets_a_burst_in_one_pass(large_passes):
+    assert asyncio.run(_burst_to(200)) == [[0, 1, 2]]
+
+
+def test_a_handful_of_followers_gets_the_first_event_at_once(large_passes):
+    arrivals = asyncio.run(_burst_to(3))
+    assert arrivals[0] == [0]  # not held back for the rest
+    assert [n for arrival in arrivals for n in arrival] == [0, 1, 2]
+
+
+def test_without_the_window_a_crowd_gets_the_first_event_alone(large_passes, settings):
+    settings.LIVE_BURST_WINDOW_MS = 0
+    arrivals = asyncio.run(_burst_to(200))
+    assert arrivals[0] == [0]
+    assert [n for arrival in arrivals for n in arrival] == [0, 1, 2]

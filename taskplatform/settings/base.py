@@ -144,9 +144,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         if _sqlite_file and ":memory:" not in _sqlite_file and "mode=memory" not in _sqlite_file:
             Path(_sqlite_file).parent.mkdir(parents=True, exist_ok=True)
 elif env.bool("DATABASE_POOL", default=False):
-    # The ASGI server (taskplatform/asgi.py turns this on) runs each sync view in a thread of
-    # its own, so a persistent connection per thread would leak connections until PostgreSQL
-    # refuses more; a pool shared by the threads bounds them. Django requires CONN_MAX_AGE 0.
+    # The ASGI server (taskplatform/asgi.py turns this on) runs plain HTTP in its request
+    # threads (WEB_THREADS) and the websocket consumers' database work in asgiref's threads; a
+    # pool shared by all of them bounds the connections a web process holds, where a persistent
+    # connection per thread would keep one per thread. Django requires CONN_MAX_AGE 0.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # A pooled connection is checked as it is handed out, so after PostgreSQL restarts (which
     # kills every pooled connection) the dead ones are replaced instead of failing one request

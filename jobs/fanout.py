@@ -146,7 +146,7 @@ class LocalFanout:
                 pause = self._burst_pause(messages)
                 if pause:
                     await asyncio.sleep(pause)
-                    messages += await self._waiting()
+                    messages += await self._rest_of_burst()
                 while messages:
                     self._hand_out(messages)
                     # What came meanwhile (the rest of a burst, while the loop above wrote),
@@ -161,6 +161,16 @@ class LocalFanout:
     async def _waiting(self) -> list[dict[str, Any]]:
         receive_waiting = getattr(self.layer, "receive_waiting", None)  # taskplatform.channel_layer
         return await receive_waiting(self.channel) if receive_waiting is not None else []
+
+    async def _rest_of_burst(self) -> list[dict[str, Any]]:
+        """What came during the pause; nothing when Redis fails now: the message in hand still
+        goes out (the next receive meets the failure and reports it)."""
+        try:
+            return await self._waiting()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return []
 
     def _burst_pause(self, messages: list[dict[str, Any]]) -> float:
         """Seconds to wait for the rest of a burst before handing `messages` out (see the class)."""

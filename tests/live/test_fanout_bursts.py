@@ -72,3 +72,19 @@ def test_without_the_window_a_crowd_gets_the_first_event_alone(large_passes, set
     arrivals = asyncio.run(_burst_to(200))
     assert arrivals[0] == [0]
     assert [n for arrival in arrivals for n in arrival] == [0, 1, 2]
+
+
+def test_the_event_in_hand_goes_out_when_redis_fails_during_the_wait(large_passes, monkeypatch):
+    waiting = LocalFanout._waiting
+    failed = []
+
+    async def failing_once(self):
+        if not failed:
+            failed.append(True)
+            raise ConnectionError("Redis went away during the burst window")
+        return await waiting(self)
+
+    monkeypatch.setattr(LocalFanout, "_waiting", failing_once)
+    arrivals = asyncio.run(_burst_to(200))
+    assert failed and [n for arrival in arrivals for n in arrival] == [0, 1, 2]
+    assert arrivals[0][0] == 0

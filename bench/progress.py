@@ -238,8 +238,8 @@ async def client_run(url: str, sockets: list[tuple[str, str]], connect_batch: in
     print("ready", flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)  # the bench says when the events are over
     parsing.cancel()
-    result: dict[str, Any] = {"latencies_ms": [], "kernel_latencies_ms": [], "received": 0, "gaps": 0, "duplicates": 0,
-                              "snapshots": [], "close_codes": []}
+    result: dict[str, Any] = {"latencies_ms": [], "kernel_latencies_ms": [], "arrivals": [], "received": 0,
+                              "gaps": 0, "duplicates": 0, "snapshots": [], "close_codes": []}
     for path, watcher in watchers:
         watcher.parse()
         if watcher.raw is not None:
@@ -275,6 +275,25 @@ def job_result(path: str, watcher: Watcher, result: dict[str, Any]) -> None:
         result["received"] += 1
         result["kernel_latencies_ms"].append(_latency_ms(arrived[0], event["created_at"]))
         result["latencies_ms"].append(_latency_ms(arrived[1], event["created_at"]))
+        result["arrivals"].append([event["seq"], event["type"], result["kernel_latencies_ms"][-1]])
+
+
+def by_event_type(arrivals: list[list[Any]]) -> dict[str, dict[str, float]]:
+    """Where an event's time goes across its watchers, by the event's type: for each event, the
+    latency at the socket of the first watcher to get it (the pipeline, and the burst window when
+    it waited), the median one, and the last (the first plus one pass of the fan-out over every
+    socket); the medians of those over the events of each type, and `events`, how many."""
+    per_event: dict[int, tuple[str, list[float]]] = {}
+    for seq, kind, ms in arrivals:
+        per_event.setdefault(seq, (kind, []))[1].append(ms)
+    by_type: dict[str, list[tuple[float, float, float]]] = {}
+    for kind, values in per_event.values():
+        values.sort()
+        by_type.setdefault(kind, []).append((values[0], values[len(values) // 2], values[-1]))
+    return {kind: {"events": len(rows), "first_ms": round(statistics.median(r[0] for r in rows), 1),
+                   "median_ms": round(statistics.median(r[1] for r in rows), 1),
+                   "last_ms": round(statistics.median(r[2] for r in rows), 1)}
+            for kind, rows in sorted(by_type.items())}
 
 
 def feed_result(path: str, watcher: Watcher, result: dict[str, Any]) -> None:
@@ -565,8 +584,9 @@ def run_one_job(server: Process, workers: int, users: list[Any], watchers: int, 
     finally:
         clients.kill()
     events = Job.objects.get(pk=job.pk).event_seq - 1  # all but `pending`, written before the dispatch
-    return summary("one job", workers, watchers, result, expected_events(result["snapshots"]), events, seconds,
-                   cpu)
+    row = summary("one job", workers, watchers, result, expected_events(result["snapshots"]), events, seconds, cpu)
+    row["by_event_type"] = by_event_type(result["arrivals"])
+    return row
 
 
 def run_feed(server: Process, workers: int, users: list[Any], watchers: int, procs: int, every: float,
@@ -652,6 +672,20 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {row.get('socket_p50_ms', float('nan')):.1f} / {row.get('socket_p99_ms', float('nan')):.1f} "
             f"| {row['server_cpu_us_per_message']:.0f} |"
         )
+    by_type = [row for row in rows if row.get("by_event_type")]
+    if by_type:
+        lines += [
+            "",
+            "One job, where an event's time goes, at the socket (medians over the events of each type): the first "
+            "watcher to get it, the median one, the last.",
+            "",
+            "| web procs | watchers | event type | events | first ms | median ms | last ms |",
+            "|---:|---:|---|---:|---:|---:|---:|",
+        ]
+        for row in by_type:
+            for kind, figures in row["by_event_type"].items():
+                lines.append(f"| {row['server_procs']} | {row['watchers']} | {kind} | {figures['events']} "
+                             f"| {figures['first_ms']:.1f} | {figures['median_ms']:.1f} | {figures['last_ms']:.1f} |")
     return "\n".join(lines)
 
 

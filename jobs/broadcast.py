@@ -86,6 +86,7 @@ class Publisher:
 
     # -- on the publisher's thread -----------------------------------------------------------
     def _run(self) -> None:
+        self._warm()
         while True:
             with self._lock:
                 while not self._queue:
@@ -99,6 +100,16 @@ class Publisher:
             except Exception as exc:  # a lost push costs a client a database read, never an event
                 logger.warning("job event publish of %d message(s) failed: %s: %s", len(batch), type(exc).__name__,
                                exc)
+
+    def _warm(self) -> None:
+        """Open the connections before the first send needs them (see `warm_pool_process`)."""
+        warm_now = getattr(self.layer, "warm_now", None)  # taskplatform.channel_layer
+        if warm_now is None:
+            return
+        try:
+            warm_now()
+        except Exception as exc:  # Redis away: the first send connects (or fails) as it would have
+            logger.warning("job event publisher could not connect ahead: %s: %s", type(exc).__name__, exc)
 
     def _send_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> None:
         by_group: dict[str, list[dict[str, Any]]] = {}

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from jobs import leases
-from jobs.broadcast import flush_pending
+from jobs.broadcast import flush_pending, publisher
 from jobs.broker import dispatch_forget
 from jobs.leases import drain_mark
 from jobs.periodic import PeriodicPassTask
@@ -121,6 +121,40 @@ def _stop_overdue_runs_by_exiting(**kwargs) -> None:
     """In a pool process, a run about to outlive its lease is stopped by killing the process
     (`jobs.leases`): the worker's main process sees it and takes the job back at once."""
     leases.TERMINATE_OVERDUE_RUNS = True
+
+
+# Seconds a pool process waits for PostgreSQL to accept its connection ahead of its first job.
+CONNECT_AHEAD_TIMEOUT = 2
+
+
+def connect_before_the_first_job(**kwargs) -> None:
+    """In a new pool process (at the worker's start, and each time one is replaced after its
+    `WORKER_MAX_TASKS_PER_CHILD` tasks), open the database connection and the push thread's Redis
+    connection now. Otherwise its first job paid both, and that job's first event reached its
+    watchers some 20 ms later than the events after it (bench/README.md, "A new pool process's
+    first event"). The push thread connects in the background; a failure here is only logged, and
+    the first job connects (or fails) as it would have.
+
+    A `worker_process_init` receiver, connected by `taskplatform.celery` so that it runs after
+    Celery's Django fix-up's, which closes the database connections a pool process inherited."""
+    publisher()
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    if "pool" in options:
+        return  # taking a connection from a pool may wait longer than Celery gives a pool process to start
+    bounded = connection.vendor == "postgresql"
+    previous = options.get("connect_timeout")
+    if bounded:  # Celery kills a pool process that has not started within 4 s (worker_proc_alive_timeout)
+        options["connect_timeout"] = min(int(previous or CONNECT_AHEAD_TIMEOUT), CONNECT_AHEAD_TIMEOUT)
+    try:
+        connection.ensure_connection()
+    except Exception as exc:
+        logger.warning("pool process could not connect to the database ahead of its first job: %s", exc)
+    finally:
+        if bounded:
+            if previous is None:
+                del options["connect_timeout"]
+            else:
+                options["connect_timeout"] = previous
 
 
 @worker_process_shutdown.connect

@@ -23,6 +23,17 @@ CONNECTION_TRUSTED_SECONDS = 2.0
 _connections_last_used = [float("-inf")]
 
 
+@signals.worker_init.connect
+def _connect_pool_processes_ahead(**kwargs) -> None:
+    # Celery's Django fix-up connects its `worker_process_init` receiver, which closes the database
+    # connections a pool process inherited, from its own `worker_init` receiver (connected when
+    # `app` was made, so before this one): connected here, ours runs after it in each pool process.
+    from jobs.tasks import connect_before_the_first_job
+
+    signals.worker_process_init.connect(connect_before_the_first_job, weak=False,
+                                        dispatch_uid="jobs.tasks.connect_before_the_first_job")
+
+
 @signals.task_prerun.connect
 def _connections_before_task(**kwargs) -> None:
     # With CELERY_DB_REUSE_MAX the fix-up keeps connections; do what Django does around a

@@ -3,7 +3,9 @@ and the children's ends wake it exactly once; cancelling a parent cancels its un
 children, retrying it retries them; the API, the job page and the inbox show the family.
 
 In-process (the runner called directly, `jobs.testing` for whole runs); the concurrent tests use
-threads with their own database connections, so that the races are real."""
+threads with their own database connections, so that the races are real, and stop the session's
+worker first (`only_own_workers`): their jobs' messages are really sent, and a worker that took
+one would claim a job the test claims itself."""
 
 from __future__ import annotations
 
@@ -167,7 +169,7 @@ def _parked_parent_with_running_children(count: int) -> tuple[Job, list[Job]]:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("round_", range(4))
-def test_children_ending_at_once_wake_the_parent_exactly_once(round_):
+def test_children_ending_at_once_wake_the_parent_exactly_once(round_, only_own_workers):
     parent, children = _parked_parent_with_running_children(3)
     errors = _together(*[lambda child=child: job_complete(job=child, result={}) for child in children])
     assert errors == [None, None, None]
@@ -177,7 +179,7 @@ def test_children_ending_at_once_wake_the_parent_exactly_once(round_):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("round_", range(4))
-def test_a_child_ending_while_its_parent_parks_wakes_it_exactly_once(round_):
+def test_a_child_ending_while_its_parent_parks_wakes_it_exactly_once(round_, only_own_workers):
     """The last child ends while the parent's run is between its check and its park: either the
     park sees it (and resumes at once) or the child's end sees the park; never both, never none."""
     parent, _ = job_submit(kind="test.fanout", input={"noop": 1})
@@ -205,7 +207,7 @@ def test_a_child_ending_while_its_parent_parks_wakes_it_exactly_once(round_):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("round_", range(3))
-def test_cancelling_a_parent_while_its_children_end_never_deadlocks(round_):
+def test_cancelling_a_parent_while_its_children_end_never_deadlocks(round_, only_own_workers):
     parent, children = _parked_parent_with_running_children(4)
     errors = _together(
         lambda: job_cancel(job_id=parent.pk),

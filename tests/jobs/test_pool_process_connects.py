@@ -1,0 +1,66 @@
+"""A new pool process connects to PostgreSQL and to Redis (its push thread) before its first job,
+not in that job's time: without it the first event of every new pool process reached its
+watchers some 20 ms later than the rest (bench/README.md). Celery's Django fix-up closes the
+connections a pool process inherits from its own `worker_process_init` receiver, so ours must run
+after it: this checks the order as a real worker has it, at its start and when a pool process is
+replaced after its `--max-tasks-per-child`."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from jobs.models import Job
+from jobs.services import job_submit
+from tests.support.processes import celery_worker, wait_until
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+
+def _ports() -> tuple[int, int]:
+    database = int(connection.settings_dict.get("PORT") or 5432)
+    redis = int(settings.REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+    return database, redis
+
+
+def _pool_processes(worker) -> list[psutil.Process]:
+    return psutil.Process(worker.proc.pid).children(recursive=True)
+
+
+def _connected(process: psutil.Process, port: int) -> bool:
+    return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+               for c in process.net_connections(kind="tcp"))
+
+
+def _all_connected(worker, ports: tuple[int, ...]) -> list[int] | None:
+    processes = _pool_processes(worker)
+    if not processes:
+        return None
+    try:
+        if all(_connected(process, port) for process in processes for port in ports):
+            return [process.pid for process in processes]
+    except psutil.NoSuchProcess:  # replaced meanwhile: look again
+        return None
+    return None
+
+
+def test_each_new_pool_process_connects_before_its_first_job(only_own_workers):
+    if connection.vendor != "postgresql":
+        pytest.skip("the database connection is a TCP connection on PostgreSQL only")
+    ports = _ports()
+    worker = celery_worker(name="ahead", concurrency=1, extra_args=["--max-tasks-per-child", "1"]).start()
+    try:
+        first = wait_until(lambda: _all_connected(worker, ports), timeout=30, interval=0.2,
+                           message="the pool process did not connect to PostgreSQL and Redis before any job")
+        # One job retires that pool process; its replacement connects before the next job too.
+        job, _ = job_submit(kind="demo.noop", input={})
+        wait_until(lambda: Job.objects.get(pk=job.pk).is_finished, timeout=60, interval=0.1,
+                   message="the job did not finish")
+        second = wait_until(lambda: (pids := _all_connected(worker, ports)) and pids != first and pids,
+                            timeout=30, interval=0.2,
+                            message="the replacing pool process did not connect ahead of its first job")
+        assert second != first
+    finally:
+        worker.stop()

@@ -44,5 +44,7 @@ RUN DJANGO_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinpu
 USER app
 
 EXPOSE 8000 5555
+# The web server's processes (uvicorn reads it): one per core the container gets.
+ENV WEB_CONCURRENCY=2
 CMD ["uvicorn", "taskplatform.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--lifespan", "off", \
      "--ws-per-message-deflate", "false"]

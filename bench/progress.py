@@ -1,13 +1,14 @@
 """Live-progress bench: websocket clients follow jobs; emit-to-receive latency and delivery.
 
     python bench/progress.py [--cases spread one-job feed] [--watchers 1 200 1000]
-                             [--feed-clients 1000] [--clients 100 1000] [--server-workers 1]
+                             [--feed-clients 1000] [--clients 100 1000] [--server-workers N ...]
                              [--client-procs 2]
 
 The web server and the Celery worker run with the very command lines `make run` starts
 (`devtools.supervisor.build_services`), against DATABASE_URL and REDIS_URL (PostgreSQL and
-Redis for the figures in the README); `--server-workers N` adds uvicorn's `--workers N` to see
-the same with N web processes. The clients are websocket clients of their own, in
+Redis for the figures in the README); the web processes are as many as `make run` starts
+(`WEB_CONCURRENCY`, else one per core, at most 4), and `--server-workers N ...` runs the cases
+again with N of them. The clients are websocket clients of their own, in
 `--client-procs` processes apart from the server. Each socket connects as an API client does:
 it asks `POST /api/ws-tickets/` for a ticket with the API token of one of the bench's staff
 users (20 sockets per user, under the per-user cap of live streams), then connects with
@@ -475,13 +476,11 @@ class Process:
 
 
 def web_server(env: dict[str, str], workers: int) -> Process:
-    """uvicorn with `make run`'s command line on a free port (plus `--workers N` when N > 1)."""
+    """uvicorn with `make run`'s command line on a free port, with `workers` web processes."""
     import httpx
 
     port = free_port()
-    argv, env = shipped("web", {**env, "PORT": str(port), "HOST": "127.0.0.1"})
-    if workers > 1:
-        argv += ["--workers", str(workers)]
+    argv, env = shipped("web", {**env, "PORT": str(port), "HOST": "127.0.0.1", "WEB_CONCURRENCY": str(workers)})
     server = Process(f"web-x{workers}", argv, env).start()
     server.url, server.ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -713,8 +712,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10, help="jobs the clients are spread over (spread)")
     parser.add_argument("--events", type=int, default=20, help="progress reports per job (spread)")
     parser.add_argument("--period", type=float, default=0.5, help="seconds between two reports (spread, >= 0.1)")
-    parser.add_argument("--server-workers", type=int, nargs="+", default=[1],
-                        help="web processes (1 = make run's command line; N adds uvicorn's --workers N)")
+    parser.add_argument("--server-workers", type=int, nargs="+", default=None,
+                        help="web processes (default: as many as make run starts here)")
     parser.add_argument("--client-procs", type=int, default=2, help="processes the clients are spread over")
     parser.add_argument("--client-nice", type=int, default=0,
                         help="niceness of the client processes (e.g. 19: the server's processes get the cores "
@@ -738,7 +737,7 @@ def main() -> None:
     from django.conf import settings
     from django.core.management import call_command
 
-    from devtools.supervisor import child_environment
+    from devtools.supervisor import child_environment, web_processes
 
     call_command("migrate", verbosity=0)
     env = child_environment()
@@ -748,7 +747,7 @@ def main() -> None:
     rows = []
     worker = celery_worker(env) if {"one-job", "feed"} & set(args.cases) else None
     try:
-        for workers in args.server_workers:
+        for workers in args.server_workers or [web_processes(env)]:
             server = web_server(env, workers)
             try:
                 for case in args.cases:

@@ -659,7 +659,9 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
     env = platform_env(worker_concurrency=worker_concurrency, web_concurrency=web_concurrency)
     os.environ["PUBLIC_URL"] = env["PUBLIC_URL"]
     shipped = Platform(env)
-    result: dict[str, Any] = {"worker_concurrency": worker_concurrency, "web_concurrency": web_concurrency}
+    from devtools.supervisor import web_processes
+
+    result: dict[str, Any] = {"worker_concurrency": worker_concurrency, "web_concurrency": web_processes(env)}
     try:
         shipped.start()
         from django.db import connections

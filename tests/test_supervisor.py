@@ -159,3 +159,20 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
             seen += sup.children(recursive=True)
             supervisor.kill()
         kill_tree(seen)
+
+
+def test_web_processes_one_per_core_at_most_four_unless_web_concurrency_says(monkeypatch):
+    from devtools import supervisor
+
+    for cores, expected in ((None, 1), (1, 1), (2, 2), (3, 3), (16, 4)):
+        monkeypatch.setattr(supervisor.os, "cpu_count", lambda cores=cores: cores)
+        assert supervisor.web_processes({}) == expected
+        assert supervisor.web_processes({"WEB_CONCURRENCY": " "}) == expected
+    assert supervisor.web_processes({"WEB_CONCURRENCY": "7"}) == 7
+    for wrong in ("0", "-2", "two", "1.5"):
+        with pytest.raises(SystemExit, match=f"WEB_CONCURRENCY .*{wrong!r}"):
+            supervisor.web_processes({"WEB_CONCURRENCY": wrong})
+    # What make run starts: uvicorn with that many processes (it reads WEB_CONCURRENCY too, but the
+    # command line says it where an operator reads it: in `ps` and the supervisor's log).
+    web = next(service for service in supervisor.build_services({"WEB_CONCURRENCY": "3"}) if service.name == "web")
+    assert web.argv[web.argv.index("--workers") + 1] == "3"

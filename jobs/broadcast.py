@@ -102,7 +102,8 @@ class Publisher:
                                exc)
 
     def _warm(self) -> None:
-        """Open the connections before the first send needs them (see `warm_pool_process`)."""
+        """Open the connections before the first send needs them (a new pool process starts its
+        publisher at once: `jobs.tasks.connect_before_the_first_job`)."""
         warm_now = getattr(self.layer, "warm_now", None)  # taskplatform.channel_layer
         if warm_now is None:
             return

@@ -7,6 +7,8 @@ replaced after its `--max-tasks-per-child`."""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import psutil
 import pytest
 from django.conf import settings
@@ -21,7 +23,7 @@ pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 def _ports() -> tuple[int, int]:
     database = int(connection.settings_dict.get("PORT") or 5432)
-    redis = int(settings.REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+    redis = urlsplit(settings.REDIS_URL).port or 6379
     return database, redis
 
 

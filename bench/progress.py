@@ -297,6 +297,26 @@ def by_event_type(arrivals: list[list[Any]]) -> dict[str, dict[str, float]]:
             for kind, rows in sorted(by_type.items())}
 
 
+def slowest_events(arrivals: list[list[Any]], count: int = 6) -> list[dict[str, Any]]:
+    """The events that make the tail: the `count` with the latest median watcher, each with its
+    seq, type, first, median and last latency at the socket, and its share of the deliveries
+    past the run's p99 (at the socket)."""
+    per_event: dict[int, tuple[str, list[float]]] = {}
+    for seq, kind, ms in arrivals:
+        per_event.setdefault(seq, (kind, []))[1].append(ms)
+    everything = sorted(ms for _, _, ms in arrivals)
+    p99 = everything[min(len(everything) - 1, int(0.99 * len(everything)))] if everything else 0.0
+    tail = sum(1 for ms in everything if ms > p99) or 1
+    rows = []
+    for seq, (kind, values) in per_event.items():
+        values.sort()
+        rows.append({"seq": seq, "type": kind, "first_ms": round(values[0], 1),
+                     "median_ms": round(values[len(values) // 2], 1), "last_ms": round(values[-1], 1),
+                     "tail_share": round(sum(1 for ms in values if ms > p99) / tail, 3)})
+    rows.sort(key=lambda row: row["median_ms"], reverse=True)
+    return rows[:count]
+
+
 def feed_result(path: str, watcher: Watcher, result: dict[str, Any]) -> None:
     """Add one feed socket's status changes to `result` (latency from the job's `updated_at`)."""
     seen = set()
@@ -585,6 +605,7 @@ def run_one_job(server: Process, workers: int, users: list[Any], watchers: int, 
     events = Job.objects.get(pk=job.pk).event_seq - 1  # all but `pending`, written before the dispatch
     row = summary("one job", workers, watchers, result, expected_events(result["snapshots"]), events, seconds, cpu)
     row["by_event_type"] = by_event_type(result["arrivals"])
+    row["slowest_events"] = slowest_events(result["arrivals"])
     return row
 
 
@@ -685,6 +706,19 @@ def table(rows: list[dict[str, Any]]) -> str:
             for kind, figures in row["by_event_type"].items():
                 lines.append(f"| {row['server_procs']} | {row['watchers']} | {kind} | {figures['events']} "
                              f"| {figures['first_ms']:.1f} | {figures['median_ms']:.1f} | {figures['last_ms']:.1f} |")
+        lines += [
+            "",
+            "One job, the slowest events (by their median watcher), at the socket, and each one's share of the "
+            "deliveries past the p99.",
+            "",
+            "| web procs | watchers | seq | event type | first ms | median ms | last ms | share of the tail |",
+            "|---:|---:|---:|---|---:|---:|---:|---:|",
+        ]
+        for row in by_type:
+            for event in row.get("slowest_events", []):
+                lines.append(f"| {row['server_procs']} | {row['watchers']} | {event['seq']} | {event['type']} "
+                             f"| {event['first_ms']:.1f} | {event['median_ms']:.1f} | {event['last_ms']:.1f} "
+                             f"| {event['tail_share']:.0%} |")
     return "\n".join(lines)
 
 

@@ -31,6 +31,9 @@ from django.db.models.expressions import Expression
 from django.db.models.functions import Now
 
 _ZERO = timedelta(0)
+# The type of `db_now_plus`'s expression: one field for all of them, as Django's `Now` has (a
+# field built per call was 2 % of a no-op job's CPU).
+_TIMESTAMP = DateTimeField()
 # How far `jobs.testing.Clock` has moved the clock (a function: the harness's offset grows).
 _shift: Callable[[], timedelta] = lambda: _ZERO  # noqa: E731
 
@@ -45,7 +48,7 @@ def db_now_plus(seconds: float) -> Expression:
     delta = timedelta(seconds=seconds) + _shift()
     if not delta:
         return Now()
-    return ExpressionWrapper(Now() + Value(delta), output_field=DateTimeField())
+    return ExpressionWrapper(Now() + Value(delta), output_field=_TIMESTAMP)
 
 
 def database_now() -> datetime:

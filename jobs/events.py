@@ -117,8 +117,16 @@ def _event_params(event: JobEvent, names: list[str], connection) -> list:
 
 
 def _event_insert_prefix(connection) -> str:
-    columns = ", ".join(connection.ops.quote_name(JobEvent._meta.get_field(n).column) for n in _EVENT_COLUMNS)
-    return f"INSERT INTO {connection.ops.quote_name(JobEvent._meta.db_table)} ({columns})"
+    """`INSERT INTO jobs_jobevent (…)`, quoted for `connection`, built once per connection (every
+    move appends an event)."""
+    try:
+        return connection.__dict__["_taskplatform_event_insert"]
+    except KeyError:
+        quote = connection.ops.quote_name
+        columns = ", ".join(quote(JobEvent._meta.get_field(n).column) for n in _EVENT_COLUMNS)
+        prefix = connection.__dict__["_taskplatform_event_insert"] = (
+            f"INSERT INTO {quote(JobEvent._meta.db_table)} ({columns})")
+        return prefix
 
 
 def _event_saved(event: JobEvent, pk: int) -> None:

@@ -65,8 +65,7 @@ class JobQuerySet(models.QuerySet):
             sql, params = query.get_compiler(self.db).as_sql()
         else:
             sql, params = statement
-        concrete = self.model._meta.concrete_fields
-        columns = ", ".join(connection.ops.quote_name(f.column) for f in concrete)
+        columns, attnames, converting = _row_reading(connection, self.model)
         sql = f"{sql} RETURNING {columns}"
         if then_insert is not None:
             insert_sql, insert_params = then_insert
@@ -78,17 +77,33 @@ class JobQuerySet(models.QuerySet):
         if row is None:
             return None
         inserted_id = row[-1] if then_insert is not None else None
-        row = row[: len(concrete)]
         # What a queryset does to a fetched row, without the cost of a RawQuerySet (this is
         # the hot path of every status change): the backend's and the fields' converters.
-        values = []
-        for field, value in zip(concrete, row, strict=True):
-            for converter in column_converters(connection, field):
+        values = list(row[: len(attnames)])
+        for index, field, converters in converting:
+            value = values[index]
+            for converter in converters:
                 value = converter(value, field, connection)
-            values.append(value)
-        job = self.model.from_db(self.db, [f.attname for f in concrete], values)
+            values[index] = value
+        job = self.model.from_db(self.db, attnames, values)
         job._inserted_id = inserted_id
         return job
+
+
+def _row_reading(connection, model) -> tuple[str, list[str], tuple]:
+    """What reading back a whole row of `model` on `connection` takes, worked out once per
+    connection: the RETURNING list, the attribute names in its order, and (index, field,
+    converters) for each column that has converters (most have none)."""
+    cache = connection.__dict__.setdefault("_taskplatform_row_reading", {})
+    try:
+        return cache[model]
+    except KeyError:
+        concrete = model._meta.concrete_fields
+        columns = ", ".join(connection.ops.quote_name(field.column) for field in concrete)
+        converting = tuple((index, field, tuple(column_converters(connection, field)))
+                           for index, field in enumerate(concrete) if column_converters(connection, field))
+        found = cache[model] = (columns, [field.attname for field in concrete], converting)
+        return found
 
 
 def column_converters(connection, field) -> list:

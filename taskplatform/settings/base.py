@@ -155,8 +155,6 @@ elif env.bool("DATABASE_POOL", default=False):
     # `check_connection`, a round trip per request; the backend `dbkit.postgresql` puts
     # `dbkit.pool.check_quietly` in its place, which asks the socket first and sends that round
     # trip only when in doubt. https://docs.djangoproject.com/en/5.2/ref/databases/#connection-pool
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        DATABASES["default"]["ENGINE"] = "dbkit.postgresql"
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"]["OPTIONS"] = {
         "pool": {
@@ -171,6 +169,10 @@ else:
     # so a restarted PostgreSQL costs one failed check, not a failed job.
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=600)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's backend, with the pool's quiet check (above) and timestamps read in C: the same
+    # values, 20 times faster to read (dbkit/postgresql/base.py).
+    DATABASES["default"]["ENGINE"] = "dbkit.postgresql"
 # The hot paths' statements (a job's moves, the kept reads) are prepared once per connection
 # (dbkit/prepared.py). Set false behind a connection pooler in transaction mode that does not
 # follow prepared statements (PgBouncer before 1.21).

@@ -31,6 +31,7 @@ from django.db import connections
 from django.db.models import Model, QuerySet
 from django.db.models.query import ModelIterable, get_related_populators
 
+from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor
 
 
@@ -84,29 +85,27 @@ class KeptRead:
         self._key = f"_dbkit_kept_{next(_numbers)}"
 
     def _built(self, connection: Any) -> _Built:
-        built = connection.__dict__.get(self._key)
-        if built is None:
-            queryset = self.build(*self.stand_ins).using(connection.alias)
-            compiler = queryset.query.get_compiler(connection=connection)
-            sql, params = compiler.as_sql()
-            params = list(params)
-            slots = [_places(params, stand_in) for stand_in in self.stand_ins]
-            taken = [place for places, _ in slots for place in places]
-            if any(not places for places, _ in slots) or len(taken) != len(set(taken)):
-                raise ValueError(f"KeptRead: each stand-in of {self.stand_ins!r} must be a parameter of its own in "
-                                 f"{sql!r}; the parameters are {params!r}")
-            slots = tuple((tuple(places), form) for places, form in slots)
-            if queryset._iterable_class is ModelIterable:
-                klass_info, select = compiler.klass_info, compiler.select
-                fields = slice(klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1)
-                built = _Built(sql=sql, params=tuple(params), slots=slots, compiler=compiler,
-                               init_list=[column[0].target.attname for column in select[fields]], fields=fields,
-                               populators=get_related_populators(klass_info, select, connection.alias),
-                               annotations=tuple(compiler.annotation_col_map.items()), model=klass_info["model"])
-            else:
-                built = _Built(sql=sql, params=tuple(params), slots=slots, compiler=compiler)
-            connection.__dict__[self._key] = built
-        return built
+        return once_per_connection(connection, self._key, lambda: self._build(connection))
+
+    def _build(self, connection: Any) -> _Built:
+        queryset = self.build(*self.stand_ins).using(connection.alias)
+        compiler = queryset.query.get_compiler(connection=connection)
+        sql, params = compiler.as_sql()
+        params = list(params)
+        slots = [_places(params, stand_in) for stand_in in self.stand_ins]
+        taken = [place for places, _ in slots for place in places]
+        if any(not places for places, _ in slots) or len(taken) != len(set(taken)):
+            raise ValueError(f"KeptRead: each stand-in of {self.stand_ins!r} must be a parameter of its own in "
+                             f"{sql!r}; the parameters are {params!r}")
+        slots = tuple((tuple(places), form) for places, form in slots)
+        if queryset._iterable_class is ModelIterable:
+            klass_info, select = compiler.klass_info, compiler.select
+            fields = slice(klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1)
+            return _Built(sql=sql, params=tuple(params), slots=slots, compiler=compiler,
+                          init_list=[column[0].target.attname for column in select[fields]], fields=fields,
+                          populators=get_related_populators(klass_info, select, connection.alias),
+                          annotations=tuple(compiler.annotation_col_map.items()), model=klass_info["model"])
+        return _Built(sql=sql, params=tuple(params), slots=slots, compiler=compiler)
 
     def _check(self, values: tuple, connection: Any, sql: str, params: list, fetched: list) -> None:
         """Under the test settings (`KEPT_READS_CHECK`): the ORM builds each read too, and it must

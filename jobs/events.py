@@ -18,6 +18,7 @@ from django.db.models import F, Func, JSONField, Value
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
+from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor
 from jobs.broadcast import event_publish
 from jobs.clock import db_now
@@ -119,14 +120,12 @@ def _event_params(event: JobEvent, names: list[str], connection) -> list:
 def _event_insert_prefix(connection) -> str:
     """`INSERT INTO jobs_jobevent (…)`, quoted for `connection`, built once per connection (every
     move appends an event)."""
-    try:
-        return connection.__dict__["_taskplatform_event_insert"]
-    except KeyError:
+    def build() -> str:
         quote = connection.ops.quote_name
         columns = ", ".join(quote(JobEvent._meta.get_field(n).column) for n in _EVENT_COLUMNS)
-        prefix = connection.__dict__["_taskplatform_event_insert"] = (
-            f"INSERT INTO {quote(JobEvent._meta.db_table)} ({columns})")
-        return prefix
+        return f"INSERT INTO {quote(JobEvent._meta.db_table)} ({columns})"
+
+    return once_per_connection(connection, "_taskplatform_event_insert", build)
 
 
 def _event_saved(event: JobEvent, pk: int) -> None:

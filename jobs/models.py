@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from django.db.models.lookups import In
 from django.db.models.sql import UpdateQuery
 
+from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor
 from jobs.presenters import event_text
 from jobs.timestamps import iso_utc
@@ -94,22 +95,20 @@ def _row_reading(connection, model) -> tuple[str, list[str], tuple]:
     """What reading back a whole row of `model` on `connection` takes, worked out once per
     connection: the RETURNING list, the attribute names in its order, and (index, field,
     converters) for each column that has converters (most have none)."""
-    cache = connection.__dict__.setdefault("_taskplatform_row_reading", {})
-    try:
-        return cache[model]
-    except KeyError:
+    def build() -> tuple[str, list[str], tuple]:
         concrete = model._meta.concrete_fields
         columns = ", ".join(connection.ops.quote_name(field.column) for field in concrete)
-        converting = tuple((index, field, tuple(column_converters(connection, field)))
-                           for index, field in enumerate(concrete) if column_converters(connection, field))
-        found = cache[model] = (columns, [field.attname for field in concrete], converting)
-        return found
+        converting = tuple((index, field, tuple(converters)) for index, field in enumerate(concrete)
+                           if (converters := column_converters(connection, field)))
+        return columns, [field.attname for field in concrete], converting
+
+    return once_per_connection(connection, f"_taskplatform_row_reading:{model._meta.label}", build)
 
 
 def column_converters(connection, field) -> list:
     """The converters of `field`'s column on `connection`, worked out once per connection (they
-    are the backend's and the field's, fixed for both): this runs for every column of every move."""
-    cache = connection.__dict__.setdefault("_taskplatform_converters", {})
+    are the backend's and the field's, fixed for both)."""
+    cache = once_per_connection(connection, "_taskplatform_converters", dict)
     try:
         return cache[field]
     except KeyError:

@@ -40,27 +40,30 @@ if is_psycopg3:
     from psycopg import adapt
 
     class FastTzLoader(BaseTzLoader):
-        """Django's `timestamptz` loader, parsing in C when the answer is plainly UTC."""
+        """Django's `timestamptz` loader for a connection in UTC, parsing in C when PostgreSQL
+        wrote an offset of zero."""
+
+        timezone = _UTC
 
         def load(self, data: Any) -> datetime.datetime:
-            if self.timezone is _UTC:
-                try:
-                    value = _parse(str(data, "ascii"))
-                except ValueError:  # infinity, BC, beyond year 9999: Django's loader says what it is
-                    pass
-                else:
-                    if value.tzinfo is _UTC:  # an offset of zero: fromisoformat gives the UTC singleton
-                        return value
+            try:
+                value = _parse(str(data, "ascii"))
+            except ValueError:  # infinity, BC, beyond year 9999: Django's loader says what it is
+                return super().load(data)
+            if value.tzinfo is _UTC:  # an offset of zero: fromisoformat gives the UTC singleton
+                return value
             return super().load(data)
 
     @lru_cache
     def adapters_template(use_tz: bool, timezone: Any) -> Any:
-        """Django's adapters for a connection (`get_adapters_template`), with `FastTzLoader`
-        reading `timestamptz` in `timezone` (so Django's cursors see the loader they expect and
-        do not register another)."""
-        context = adapt.AdaptersMap(get_adapters_template(use_tz, timezone))
-        loader = type("SpecificFastTzLoader", (FastTzLoader,), {"timezone": timezone})
-        context.register_loader("timestamptz", loader)
+        """Django's adapters for a connection (`get_adapters_template`); in UTC, with
+        `FastTzLoader` reading `timestamptz` (its `timezone` is the connection's, so Django's
+        cursors see the loader they expect and do not register another)."""
+        context = get_adapters_template(use_tz, timezone)
+        if timezone is not _UTC:
+            return context
+        context = adapt.AdaptersMap(context)
+        context.register_loader("timestamptz", FastTzLoader)
         return context
 
 

@@ -33,9 +33,12 @@ RUN pip install --require-hashes --no-deps -r requirements.lock
 
 COPY --from=source /src .
 
-# Static files are collected at build time and served by whitenoise; collectstatic needs a
-# secret key to load the settings, not the real one.
-RUN DJANGO_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput \
+# The sources compiled once here: with PYTHONDONTWRITEBYTECODE no process writes its bytecode,
+# so each (web, worker, beat, Flower, every manage.py command) would compile the platform's
+# modules again at every start, about 0.15 s. Static files are collected at build time and served
+# by whitenoise; collectstatic needs a secret key to load the settings, not the real one.
+RUN python -m compileall -q . \
+    && DJANGO_SECRET_KEY=collectstatic-only python manage.py collectstatic --noinput \
     && useradd --create-home --uid 1000 app \
     && mkdir -p var \
     && chown -R app:app var

@@ -109,6 +109,8 @@ def test_dockerfile_builds_the_production_image():
     assert "pip install --require-hashes --no-deps -r requirements.lock" in dockerfile  # tests/security
     assert "DJANGO_SETTINGS_MODULE=taskplatform.settings.production" in dockerfile
     assert "collectstatic --noinput" in dockerfile
+    # The image writes no bytecode at run time, so it compiles the sources when it is built.
+    assert "PYTHONDONTWRITEBYTECODE=1" in dockerfile and "python -m compileall" in dockerfile
 
 
 def test_env_example_lists_every_setting():

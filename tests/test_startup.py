@@ -1,0 +1,63 @@
+"""What a platform process loads at start: daphne (and with it Twisted and autobahn) only for
+`manage.py runserver`, whose ASGI server it is. Everywhere else it cost about 0.6 s of start-up
+and 23 MB per process (taskplatform/settings/base.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+TWISTED = {"daphne", "twisted", "autobahn"}
+
+LOADED = """
+import sys
+import django
+django.setup()
+import taskplatform.asgi, taskplatform.celery
+from django.conf import settings
+print(sorted({name.split(".")[0] for name in sys.modules} & %r))
+print("daphne app" if "daphne" in settings.INSTALLED_APPS else "no daphne app")
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(BASE_DIR), "DJANGO_SETTINGS_MODULE": "taskplatform.settings.development",
+            **extra}
+
+
+def test_the_web_server_and_the_workers_load_no_twisted():
+    out = subprocess.run([sys.executable, "-c", LOADED % (TWISTED,)], cwd=BASE_DIR, env=_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-2:] == ["[]", "no daphne app"], out.stdout
+
+
+def test_runserver_still_serves_asgi_through_daphne():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--skip-checks"],
+        cwd=BASE_DIR, env=_env(PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as client:
+                    client.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                    reply = client.recv(200)
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError("runserver never answered")
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+    finally:
+        server.terminate()
+        output = server.communicate(timeout=30)[0]
+    assert "Starting ASGI/Daphne" in output, output

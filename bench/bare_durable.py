@@ -43,7 +43,7 @@ def capture_statements(job_kind: str = "demo.noop") -> dict[str, str]:
     from jobs.runner import job_execute
     from jobs.services import jobs_submit_many
 
-    with mock.patch("jobs.services.submitting._dispatch_all"):  # run here, not by the platform's worker
+    with mock.patch("jobs.services.transitions.jobs_dispatch"):  # run here, not by the platform's worker
         job = jobs_submit_many(kind=job_kind, inputs=[{}])[0]
     worker, task = "bench-capture pid 0", f"bench-capture-{uuid.uuid4().hex}"
     with CaptureQueriesContext(connection) as captured:

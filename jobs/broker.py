@@ -82,15 +82,16 @@ def dispatch_mark(job_id: Any, *, countdown: float | None = None) -> None:
 
 
 @contextmanager
-def dispatch_marks_together() -> Iterator[None]:
+def dispatch_marks_together() -> Iterator[list]:
     """Inside, the dispatch marks are held and written in one pipeline at the end: a batch's
     messages cost one round trip each instead of two. Use it only where the jobs already carry an
-    early mark (`dispatch_premark`) that covers them until then."""
-    _held_marks.marks = []
+    early mark (`dispatch_premark`) that covers them until then. It yields the held marks: a
+    caller that clears them writes none (its messages did not go out)."""
+    held = _held_marks.marks = []
     try:
-        yield
+        yield held
     finally:
-        held, _held_marks.marks = _held_marks.marks, None
+        _held_marks.marks = None
         if held:
             try:
                 with _client().pipeline(transaction=False) as pipe:

@@ -82,8 +82,7 @@ def children_spawn(
                 for key, kind, value in missing
             ])
             events_record_first(jobs=created)
-            for child in created:
-                transaction.on_commit(lambda child=child: transitions.job_dispatch(job=child), robust=True)
+            transitions.jobs_dispatch_after_commit(created)
     except IntegrityError:
         # Another delivery of the same run spawned them first (the unique key per parent).
         existing = _children_by_key(parent.pk, keys)

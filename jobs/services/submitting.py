@@ -6,13 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from jobs.broker import dispatch_marks_together, dispatch_premark
 from jobs.errors import IdempotencyConflict, InvalidInput, UnknownKind
 from jobs.events import events_record_first, job_create_with_first_event, one_statement_write
 from jobs.models import Job
@@ -95,21 +93,8 @@ def jobs_submit_many(*, kind: str, inputs: list[dict[str, Any]], owner: Any = No
             [Job(kind=kind, input=value, owner_id=owner_id, max_attempts=max_attempts, event_seq=1) for value in inputs]
         )
         events_record_first(jobs=jobs)
-        dispatch_premark([job.pk for job in jobs])  # their messages go out one by one after the commit
-        transaction.on_commit(partial(_dispatch_all, jobs))
+        transitions.jobs_dispatch_after_commit(jobs)  # their messages go out together after the commit
     return jobs
-
-
-def _dispatch_all(jobs: list[Job]) -> None:
-    """Send a committed batch's messages, each job on its own (one that fails is logged and the
-    rest go on; the reconciler re-sends it once its early mark expires), their lasting marks in
-    one round trip at the end."""
-    with dispatch_marks_together(), transitions.dispatch_batch():
-        for job in jobs:
-            try:
-                transitions.job_dispatch(job=job)
-            except Exception:
-                logger.exception("job %s: its message could not be sent (the reconciler will)", job.pk)
 
 
 def attempt_budget(kind: str) -> int:

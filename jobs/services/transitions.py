@@ -12,12 +12,13 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import replace
+from functools import partial
 from typing import Any, NoReturn
 
 from django.db import transaction
 from django.db.models import F, Q
 
-from jobs.broker import dispatch_mark
+from jobs.broker import dispatch_mark, dispatch_marks_together, dispatch_premark
 from jobs.clock import db_now
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import job_update_with_event, one_statement_write
@@ -154,22 +155,60 @@ def _transition_transaction(*, alone: bool) -> AbstractContextManager:
 _batch = threading.local()
 
 
+def jobs_dispatch_after_commit(jobs: list[Job]) -> None:
+    """Send the messages of `jobs` (just created in the current transaction) once it commits, as
+    one batch (`dispatch_batch`). They are marked as on their way now (`dispatch_premark`): the
+    reconciler leaves them alone while the batch goes out, and sends again any whose message
+    did not once the early marks expire."""
+    if not jobs:
+        return
+    dispatch_premark([job.pk for job in jobs])
+    transaction.on_commit(partial(jobs_dispatch, list(jobs)), robust=True)
+
+
+def jobs_dispatch(jobs: list[Job]) -> None:
+    """Send committed, early-marked jobs' messages in one batch. A job whose message cannot be
+    built or sent is logged and the rest go on; a batch that does not reach Redis is logged
+    whole: the reconciler sends each of its jobs again once its early mark expires."""
+    try:
+        with dispatch_batch():
+            for job in jobs:
+                try:
+                    job_dispatch(job=job)
+                except Exception:
+                    logger.exception("job %s: its message could not be sent (the reconciler will)", job.pk)
+    except Exception:
+        logger.exception("a batch of %d jobs: their messages may not have reached the broker (the reconciler "
+                         "sends each again once its early mark expires)", len(jobs))
+
+
 @contextmanager
 def dispatch_batch() -> Iterator[None]:
-    """Inside, `job_dispatch` publishes through one Celery producer, taken from the pool once for
-    the batch rather than once per message (about a sixth of each message's cost)."""
-    stack = ExitStack()
-    try:
-        producer = stack.enter_context(_pooled_producer())
-    except Exception as exc:  # each message then takes its own, and fails on its own, as before
-        logger.warning("no producer for a batch of dispatches: %s: %s", type(exc).__name__, exc)
-        producer = None
-    with stack:
-        _batch.producer = producer
+    """Inside, `job_dispatch` publishes through one Celery producer, taken from the pool once,
+    into kombu's publish batch: the messages go to Redis together, in one pipeline per thousand,
+    instead of one round trip each. Their dispatch marks are held (`dispatch_marks_together`)
+    and written after the batch, in one pipeline too, and only once it went out: a batch that
+    fails (the exception propagates) leaves its jobs' early marks (`dispatch_premark`, a
+    precondition) to expire, and the reconciler sends them again. A message of a failed batch
+    that did reach Redis then runs once: the claim refuses the second delivery."""
+    with dispatch_marks_together() as marks:
         try:
-            yield
-        finally:
-            _batch.producer = None
+            with ExitStack() as stack:
+                try:
+                    producer = stack.enter_context(_pooled_producer())
+                    stack.enter_context(producer.batch())
+                except Exception as exc:  # each message then takes its own, and fails on its own
+                    logger.warning("no producer for a batch of dispatches: %s: %s", type(exc).__name__, exc)
+                    stack.close()
+                    producer = None
+                _batch.producer = producer
+                try:
+                    yield
+                finally:
+                    _batch.producer = None
+        except BaseException:
+            marks.clear()
+            raise
 
 
 def _pooled_producer() -> AbstractContextManager:

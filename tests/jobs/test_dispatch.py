@@ -15,6 +15,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
+from jobs.broker import mark_key
 from jobs.models import Job
 from jobs.runner import job_execute
 from jobs.services import job_submit, jobs_redispatch_stale, jobs_submit_many
@@ -211,6 +212,59 @@ def test_a_batchs_messages_go_out_through_one_producer_and_each_reaches_the_brok
         with django_capture_on_commit_callbacks(execute=True):
             job_submit(kind="demo.noop", input={})
     assert producers[-1] is None and job_messages() == 6
+
+
+@pytest.mark.django_db
+def test_a_batchs_messages_reach_the_broker_together_when_the_batch_ends(django_capture_on_commit_callbacks):
+    """kombu's publish batch: one pipeline for the batch's messages, not a round trip each."""
+    forget_every_message()
+    from jobs.services import transitions
+
+    seen_while_sending = []
+    real = transitions.job_dispatch
+
+    def counting(**kwargs):
+        real(**kwargs)
+        seen_while_sending.append(job_messages())
+
+    with mock.patch("jobs.services.transitions.job_dispatch", side_effect=counting):
+        with django_capture_on_commit_callbacks(execute=True):
+            jobs = jobs_submit_many(kind="demo.noop", inputs=[{}] * 5)
+    assert seen_while_sending == [0] * 5
+    assert job_messages() == 5
+    # Each job's lasting mark, written once the batch went out.
+    client = broker()
+    try:
+        ttls = [client.ttl(mark_key(job.pk)) for job in jobs]
+    finally:
+        client.close()
+    assert all(ttl > settings.JOBS_DISPATCH_MARK_TTL - 10 for ttl in ttls), ttls
+
+
+@pytest.mark.django_db
+def test_a_batch_that_does_not_reach_the_broker_leaves_its_jobs_to_the_reconciler(
+    django_capture_on_commit_callbacks, settings, caplog
+):
+    from kombu.exceptions import BatchPublishError
+
+    forget_every_message()
+    jobs_redispatch_stale(grace=120)  # the broker is known (its epoch is set)
+    settings.JOBS_DISPATCH_GRACE = 0.5
+    failed = BatchPublishError("Redis publish batch failed; delivery is uncertain")
+    with mock.patch("kombu.transport.redis.PublishBatch.flush", side_effect=failed):
+        with django_capture_on_commit_callbacks(execute=True):
+            jobs = jobs_submit_many(kind="demo.noop", inputs=[{}] * 3)
+    assert job_messages() == 0
+    assert "their messages may not have reached the broker" in caplog.text
+    # Only the early marks: no lasting mark says that the messages are on their way.
+    client = broker()
+    try:
+        assert all(0 < client.pttl(mark_key(job.pk)) <= 1000 * (0.5 + 3 * 0.02) for job in jobs)
+    finally:
+        client.close()
+    time.sleep(0.7)
+    assert jobs_redispatch_stale(grace=0.5) == 3
+    assert job_messages() == 3
 
 
 @pytest.mark.django_db

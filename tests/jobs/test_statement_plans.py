@@ -50,7 +50,7 @@ def _plan(sql: str) -> list[tuple[str, str | None]]:
 @pytest.fixture
 def backlog(monkeypatch):
     """Statistics taken when no job waited, then a backlog of pending jobs (never sent)."""
-    monkeypatch.setattr("jobs.services.submitting._dispatch_all", lambda jobs: None)
+    monkeypatch.setattr("jobs.services.transitions.jobs_dispatch", lambda jobs: None)
     done = jobs_submit_many(kind="demo.noop", inputs=[{}] * 50)
     Job.objects.filter(pk__in=[job.pk for job in done]).update(status="completed")
     with connection.cursor() as cursor:

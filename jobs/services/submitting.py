@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from jobs.errors import IdempotencyConflict, InvalidInput, UnknownKind
-from jobs.events import events_record_first, job_create_with_first_event, one_statement_write
+from jobs.events import job_create_with_first_event, jobs_create_with_first_events, one_statement_write
 from jobs.models import Job
 from jobs.registry import kind_get
 from jobs.services import transitions
@@ -72,8 +72,8 @@ def job_submit(
 
 
 def jobs_submit_many(*, kind: str, inputs: list[dict[str, Any]], owner: Any = None) -> list[Job]:
-    """Validate and create one `pending` job per input, in one transaction and three statements
-    (the jobs, their first events), each dispatched once the transaction commits.
+    """Validate and create one `pending` job per input, in one transaction (the jobs and their
+    first events one statement on PostgreSQL), each dispatched once the transaction commits.
 
     For batches (`manage.py submit --count`, imports): a job costs a fraction of `job_submit`'s
     round trips. All or nothing: an invalid input raises InvalidInput naming its index
@@ -89,10 +89,9 @@ def jobs_submit_many(*, kind: str, inputs: list[dict[str, Any]], owner: Any = No
     owner_id = getattr(owner, "pk", owner)
     max_attempts = attempt_budget(kind)
     with transaction.atomic():
-        jobs = Job.objects.bulk_create(
-            [Job(kind=kind, input=value, owner_id=owner_id, max_attempts=max_attempts, event_seq=1) for value in inputs]
-        )
-        events_record_first(jobs=jobs)
+        jobs = [Job(kind=kind, input=value, owner_id=owner_id, max_attempts=max_attempts, event_seq=1)
+                for value in inputs]
+        jobs_create_with_first_events(jobs)
         transitions.jobs_dispatch_after_commit(jobs)  # their messages go out together after the commit
     return jobs
 

@@ -38,7 +38,7 @@ def pool():
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     pool = ConnectionPool(kwargs={**params, "autocommit": True}, min_size=1, max_size=1, open=True, timeout=5,
-                          check=pool_check.check_quietly, reset=pool_check.returned)
+                          check=pool_check.check_quietly)
     yield pool
     pool.close()
 
@@ -82,8 +82,11 @@ from django.db import connection
 from dbkit import pool
 settings = connection.settings_dict
 assert settings["ENGINE"] == "dbkit.postgresql" and settings["CONN_HEALTH_CHECKS"] is True, settings
-assert settings["OPTIONS"]["pool"]["reset"] is pool.returned
+assert "reset" not in settings["OPTIONS"]["pool"], settings["OPTIONS"]["pool"]
 assert connection.pool._check is pool.check_quietly, connection.pool._check
+# No reset callback: a returned connection goes back in the returning thread, not through the
+# pool's worker thread (a queue and a thread switch per request).
+assert connection.pool._reset is None
 with connection.cursor() as cursor:
     cursor.execute("SELECT 1")
     assert cursor.fetchone() == (1,)

@@ -78,3 +78,23 @@ def test_the_cursor_reads_timestamps_in_utc():
         cursor.execute("SELECT %s::timestamptz", ["2026-12-02 10:00:00+02:00"])
         (value,) = cursor.fetchone()
     assert value.utcoffset().total_seconds() == 0 and value.hour == 8
+
+
+def test_debug_records_the_statements_only_when_asked(settings):
+    """Under DEBUG (`make run`'s web process) Django would record every statement's SQL with its
+    values written in; the backend does so only with DATABASE_RECORD_QUERIES. A test capturing
+    them always gets them."""
+    settings.DEBUG = True
+    settings.DATABASE_RECORD_QUERIES = False
+    connection.queries_log.clear()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s", [1])
+    assert connection.queries == []
+    with CaptureQueriesContext(connection) as captured:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT %s", [2])
+    assert [query["sql"] for query in captured.captured_queries] == ["SELECT 2"]
+    settings.DATABASE_RECORD_QUERIES = True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s", [3])
+    assert [query["sql"] for query in connection.queries][-1:] == ["SELECT 3"]

@@ -69,6 +69,16 @@ if is_psycopg3:
 
 class DatabaseWrapper(base.DatabaseWrapper):
     @property
+    def queries_logged(self) -> bool:
+        """Django records every statement's SQL (`connection.queries`) under DEBUG, built with its
+        values written in: 5 % of the web process's CPU per `POST /api/jobs/` under `make run`,
+        whose web process has DEBUG. Here DEBUG records them only with DATABASE_RECORD_QUERIES;
+        a test that captures them (`CaptureQueriesContext`, `assertNumQueries`) always does."""
+        from django.conf import settings
+
+        return self.force_debug_cursor or (settings.DEBUG and getattr(settings, "DATABASE_RECORD_QUERIES", True))
+
+    @property
     def pool(self) -> Any:
         pool = super().pool
         # psycopg_pool keeps its check as `_check` (tests/test_pool_check.py checks that it still does).

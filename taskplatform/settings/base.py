@@ -16,7 +16,6 @@ from pathlib import Path
 import environ
 from csp.constants import NONE, SELF
 
-from dbkit.pool import returned as pool_returned
 from jobs.redis_clients import channel_layer_host
 from taskplatform.redis_urls import broker_transport_options_for, redis_url_for_celery
 
@@ -168,7 +167,6 @@ elif env.bool("DATABASE_POOL", default=False):
             "min_size": env.int("DATABASE_POOL_MIN", default=2),
             "max_size": env.int("DATABASE_POOL_MAX", default=10),
             "timeout": 10,
-            "reset": pool_returned,  # notes when a connection came back (dbkit.pool)
         }
     }
 else:
@@ -184,6 +182,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
 # (dbkit/prepared.py). Set false behind a connection pooler in transaction mode that does not
 # follow prepared statements (PgBouncer before 1.21).
 DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
+# Under DEBUG (`make run`'s web process) Django records every statement's SQL in
+# `connection.queries`; the backend (dbkit/postgresql/base.py) does so only when this asks for it.
+DATABASE_RECORD_QUERIES = env.bool("DATABASE_RECORD_QUERIES", default=False)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis ------------------------------------------------------------------------------------

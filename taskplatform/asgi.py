@@ -69,6 +69,28 @@ application = ProtocolTypeRouter(
     }
 )
 
+def load_what_the_first_requests_would() -> None:
+    """Import and build now what the first requests would otherwise load one at a time: every
+    URLconf with its views and DRF's, Celery's task registry (a submit's message), the channel
+    layer's backend and the push thread, which connects to Redis in the background. The first
+    `POST /api/jobs/` of a new web process took 200–230 ms, against 10–15 ms for the next ones
+    (bench/README.md), and what it loaded stayed out of the freeze below."""
+    from django.urls import get_resolver
+    from rest_framework.settings import api_settings
+
+    from jobs.broadcast import publisher
+    from taskplatform.celery import app
+
+    get_resolver().url_patterns  # noqa: B018  (a cached property: it imports every URLconf)
+    for name in ("DEFAULT_RENDERER_CLASSES", "DEFAULT_PARSER_CLASSES", "DEFAULT_AUTHENTICATION_CLASSES",
+                 "DEFAULT_PERMISSION_CLASSES", "DEFAULT_THROTTLE_CLASSES", "DEFAULT_CONTENT_NEGOTIATION_CLASS"):
+        getattr(api_settings, name)  # DRF imports its classes on first use
+    app.finalize(auto=True)
+    publisher()
+
+
+load_what_the_first_requests_would()
+
 # Everything imported and built so far stays: out of the garbage collector's full passes
 # (taskplatform/heap.py), which otherwise held every request in flight for a fifth of a second.
 freeze_startup_objects()

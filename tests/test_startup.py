@@ -1,6 +1,7 @@
 """What a platform process loads at start: daphne (and with it Twisted and autobahn) only for
 `manage.py runserver`, whose ASGI server it is. Everywhere else it cost about 0.6 s of start-up
-and 23 MB per process (taskplatform/settings/base.py)."""
+and 23 MB per process (taskplatform/settings/base.py). The web process loads at start what its
+first requests would otherwise load (taskplatform/asgi.py)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,21 @@ def test_runserver_still_serves_asgi_through_daphne():
         server.terminate()
         output = server.communicate(timeout=30)[0]
     assert "Starting ASGI/Daphne" in output, output
+
+
+WARM = """
+import sys, threading
+import taskplatform.asgi
+from taskplatform.celery import app
+print(app.finalized, "jobs.apis" in sys.modules, "channels_redis.core" in sys.modules,
+      any(thread.name == "job-event-publisher" for thread in threading.enumerate()))
+"""
+
+
+def test_the_web_process_loads_what_its_first_requests_need_before_it_serves():
+    """The first `POST /api/jobs/` of a new web process took 200-230 ms (the URLconfs, DRF's
+    classes, Celery's task registry, the channel layer imported on the way), the next ones 10-15."""
+    out = subprocess.run([sys.executable, "-c", WARM], cwd=BASE_DIR, env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"] * 4, out.stdout

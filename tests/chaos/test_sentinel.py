@@ -61,6 +61,28 @@ def test_a_platform_client_follows_the_master_through_the_sentinels(sentinel_clu
     assert asyncio.run(asyncio_client_on_the_new_master())
 
 
+def test_a_batch_of_messages_reaches_the_master_through_the_sentinels(sentinel_cluster):
+    """A batch's messages (`jobs.services.transitions.dispatch_batch`: kombu's publish batch, one
+    pipeline) through kombu's Sentinel transport, as the platform configures it: none is in the
+    queue before the batch ends, all of them after, under the key prefix."""
+    from celery import Celery
+
+    from taskplatform.redis_urls import broker_transport_options_for, redis_url_for_celery
+
+    app = Celery("batch-through-the-sentinels", set_as_current=False)
+    app.conf.broker_url = redis_url_for_celery(sentinel_cluster.url)
+    app.conf.broker_transport_options = {**broker_transport_options_for(sentinel_cluster.url),
+                                         "global_keyprefix": PREFIX, "socket_timeout": 5}
+    client = redis_client(sentinel_cluster.url, socket_timeout=1, socket_connect_timeout=1)
+    with app.producer_or_acquire() as producer:
+        assert producer.supports_batch_publish
+        with producer.batch():
+            for n in range(5):
+                app.send_task("batch.noop", args=[n], queue="batch", producer=producer)
+            assert client.llen(f"{PREFIX}batch") == 0
+    assert client.llen(f"{PREFIX}batch") == 5
+
+
 def test_the_master_dies_with_jobs_in_flight_and_watchers_connected(sentinel_cluster, chaos_database, chaos_db,
                                                                    tmp_path):
     platform = Platform(database_url=chaos_database, redis_url=sentinel_cluster.url, workdir=tmp_path, env=ENV,

@@ -82,14 +82,18 @@ def dispatch_mark(job_id: Any, *, countdown: float | None = None) -> None:
 
 
 @contextmanager
-def dispatch_marks_together() -> Iterator[list]:
+def dispatch_marks_together() -> Iterator[None]:
     """Inside, the dispatch marks are held and written in one pipeline at the end: a batch's
     messages cost one round trip each instead of two. Use it only where the jobs already carry an
-    early mark (`dispatch_premark`) that covers them until then. It yields the held marks: a
-    caller that clears them writes none (its messages did not go out)."""
+    early mark (`dispatch_premark`) that covers them until then. When the block raises (its
+    messages may not have gone out) none is written: the early marks expire, and the reconciler
+    sends the jobs again."""
     held = _held_marks.marks = []
     try:
-        yield held
+        yield
+    except BaseException:
+        held.clear()
+        raise
     finally:
         _held_marks.marks = None
         if held:

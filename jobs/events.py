@@ -24,7 +24,7 @@ from dbkit.prepared import prepared_cursor
 from jobs.broadcast import event_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
-from jobs.models import Job, JobEvent, column_converters
+from jobs.models import Job, JobEvent, column_converters, converted
 from jobs.statements import KeptExpression, MoveRows, move_statement
 
 
@@ -122,19 +122,13 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
     for job, event in zip(jobs, events, strict=True):
         *values, event_id = rows[job.pk]  # a uuid column, read as the UUID the job holds
         for field, value in zip(returned, values, strict=True):
-            setattr(job, field.attname, _converted(value, field, column_converters(connection, field), connection))
+            setattr(job, field.attname, converted(value, field, column_converters(connection, field), connection))
         job._state.adding = False
         job._state.db = Job.objects.db
         event.job_id = job.pk
         _event_saved(event, event_id)
         transaction.on_commit(partial(event_publish, job=job, event=event), robust=True)
     return events
-
-
-def _converted(value: Any, field, converters: list, connection) -> Any:
-    for converter in converters:
-        value = converter(value, field, connection)
-    return value
 
 
 _EVENT_COLUMNS = ["job_id", "seq", "type", "step", "status", "message", "created_at"]

@@ -82,10 +82,7 @@ class JobQuerySet(models.QuerySet):
         # the hot path of every status change): the backend's and the fields' converters.
         values = list(row[: len(attnames)])
         for index, field, converters in converting:
-            value = values[index]
-            for converter in converters:
-                value = converter(value, field, connection)
-            values[index] = value
+            values[index] = converted(values[index], field, converters, connection)
         job = self.model.from_db(self.db, attnames, values)
         job._inserted_id = inserted_id
         return job
@@ -103,6 +100,13 @@ def _row_reading(connection, model) -> tuple[str, list[str], tuple]:
         return columns, [field.attname for field in concrete], converting
 
     return once_per_connection(connection, f"_taskplatform_row_reading:{model._meta.label}", build)
+
+
+def converted(value: Any, field, converters, connection) -> Any:
+    """`value` as read from `field`'s column, through its `converters` (`column_converters`)."""
+    for converter in converters:
+        value = converter(value, field, connection)
+    return value
 
 
 def column_converters(connection, field) -> list:

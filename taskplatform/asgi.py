@@ -69,6 +69,7 @@ application = ProtocolTypeRouter(
     }
 )
 
+
 def load_what_the_first_requests_would() -> None:
     """Import and build now what the first requests would otherwise load one at a time: every
     URLconf with its views and DRF's, Celery's task registry (a submit's message), the channel

@@ -191,24 +191,21 @@ def dispatch_batch() -> Iterator[None]:
     fails (the exception propagates) leaves its jobs' early marks (`dispatch_premark`, a
     precondition) to expire, and the reconciler sends them again. A message of a failed batch
     that did reach Redis then runs once: the claim refuses the second delivery."""
-    with dispatch_marks_together() as marks:
+    # The stack (the batch's flush) exits first, inside the held marks: a flush that fails
+    # reaches `dispatch_marks_together`, which then writes none.
+    with dispatch_marks_together(), ExitStack() as stack:
         try:
-            with ExitStack() as stack:
-                try:
-                    producer = stack.enter_context(_pooled_producer())
-                    stack.enter_context(producer.batch())
-                except Exception as exc:  # each message then takes its own, and fails on its own
-                    logger.warning("no producer for a batch of dispatches: %s: %s", type(exc).__name__, exc)
-                    stack.close()
-                    producer = None
-                _batch.producer = producer
-                try:
-                    yield
-                finally:
-                    _batch.producer = None
-        except BaseException:
-            marks.clear()
-            raise
+            producer = stack.enter_context(_pooled_producer())
+            stack.enter_context(producer.batch())
+        except Exception as exc:  # each message then takes its own, and fails on its own
+            logger.warning("no producer for a batch of dispatches: %s: %s", type(exc).__name__, exc)
+            stack.close()
+            producer = None
+        _batch.producer = producer
+        try:
+            yield
+        finally:
+            _batch.producer = None
 
 
 def _pooled_producer() -> AbstractContextManager:

@@ -147,6 +147,7 @@ def test_a_batch_asks_redis_once_which_groups_anyone_follows_and_sends_only_to_t
 
 def test_events_go_to_the_job_group_and_status_changes_to_the_feed():
     job, _ = job_submit(kind="demo.noop", input={})
+    assert publisher().flush(5)  # the submit's own pushes are out before anyone joins
     job_channel, feed_channel = member_of(job_group(job.pk)), member_of(FEED_GROUP)
     event_append(job_id=job.pk, type="log", status="info", message={"text": "hello"})
     from jobs.services import job_cancel

@@ -6,7 +6,12 @@ import time
 
 from celery import Celery, signals
 
+from taskplatform import kombu_redis
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.production")
+
+# kombu's Redis transports, minus a new client built for every command (see the module).
+kombu_redis.install()
 
 app = Celery("taskplatform")
 # Every CELERY_* setting in Django's settings configures Celery (see settings/base.py).

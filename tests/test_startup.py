@@ -5,12 +5,15 @@ first requests would otherwise load (taskplatform/asgi.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 TWISTED = {"daphne", "twisted", "autobahn"}
@@ -80,3 +83,47 @@ def test_the_web_process_loads_what_its_first_requests_need_before_it_serves():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True"] * 4, out.stdout
+
+
+FIRST_REQUESTS = """
+import json, sys
+import taskplatform.asgi
+from django.test import Client
+key, question = sys.argv[1:3]
+client, headers = Client(), {"HTTP_AUTHORIZATION": f"Token {key}"}
+loaded = set(sys.modules)
+answers = []
+for method, path, body in (("post", "/api/jobs/", {"kind": "demo.noop", "input": {}}),
+                           ("post", f"/api/questions/{question}/answer/", {"answer": {"approved": True}}),
+                           ("get", "/api/jobs/", None)):
+    if body is None:
+        response = getattr(client, method)(path, **headers)
+    else:
+        response = getattr(client, method)(path, json.dumps(body), content_type="application/json", **headers)
+    answers.append([response.status_code, sorted(set(sys.modules) - loaded)])
+    loaded = set(sys.modules)
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_web_processs_first_submit_answer_and_list_import_nothing():
+    """The first answer of each web process imported Celery's tasks module and its worker-side
+    machinery (some 100 ms); the first submit, the session's serializer and the messages' storage."""
+    from accounts.services import api_token_create, user_ensure
+    from approvals.models import Question
+    from jobs.runner import job_execute
+    from jobs.services import job_submit
+    from tests.support.processes import child_env
+
+    user, _ = user_ensure(username="first-requests", superuser=True)
+    key = api_token_create(user=user, name="first requests")[1]
+    job, _ = job_submit(kind="demo.review", input={"document": "first"})
+    job_execute(job_id=job.pk)
+    question = Question.objects.get(job_id=job.pk, status=Question.Status.OPEN)
+    out = subprocess.run([sys.executable, "-c", FIRST_REQUESTS, key, str(question.pk)], cwd=BASE_DIR,
+                         env=child_env(PYTHONPATH=str(BASE_DIR)), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    answers = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [status for status, _ in answers] == [201, 200, 200], out.stderr[-2000:]
+    assert [imported for _, imported in answers] == [[], [], []]

@@ -585,6 +585,27 @@ def drained() -> None:
              "the earlier phases' jobs finishing", interval=0.2)
 
 
+def broker_idle() -> None:
+    """Wait until the workers' queue holds no message and none is being run: each paused review
+    sends a notification task, and a hundred of them queued ahead of the first answer's message
+    made that answer wait 170–670 ms (the max of every answer phase until 2026-12-03 11:50 UTC)."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+
+    def idle() -> bool:
+        # kombu keeps a queue's priorities in keys of their own, named after it.
+        lists = [key for key in client.scan_iter(match=f"{queue}*") if client.type(key) == b"list"]
+        return not any(client.llen(key) for key in lists) and not client.hlen("unacked")
+
+    try:
+        wait_for(idle, 120, "the workers' queue emptying", interval=0.1)
+    finally:
+        client.close()
+
+
 def answer_phase(shipped: Platform, key: str, watcher: str, jobs: int,
                  profile_dir: Path | None = None) -> dict[str, Any]:
     """Answer paused `demo.review` jobs one at a time: answer POST → the `processing` event on the
@@ -597,6 +618,7 @@ def answer_phase(shipped: Platform, key: str, watcher: str, jobs: int,
     ids = [job_submit(kind="demo.review", input={"document": f"bench {i}"})[0].pk for i in range(jobs)]
     wait_for(lambda: Question.objects.filter(job_id__in=ids, status="open").count() == len(ids), 120,
              "the review jobs pausing on their questions", interval=0.2)
+    broker_idle()
     body = json.dumps({"answer": {"approved": True}}).encode()
     posts = [(question.job_id, f"/api/questions/{question.pk}/answer/", body, {"Authorization": f"Token {key}"})
              for question in Question.objects.filter(job_id__in=ids, status="open")]
@@ -618,6 +640,7 @@ def wake_phase(shipped: Platform, watcher: str, jobs: int) -> dict[str, Any]:
            for i in range(jobs)]
     wait_for(lambda: Wait.objects.filter(job_id__in=ids, job__status="waiting").count() == len(ids), 120,
              "the generate jobs parking", interval=0.2)
+    broker_idle()
     posts = []
     for wait in Wait.objects.filter(job_id__in=ids):
         url = urlsplit(generation_get(wait.external_id)["callback_url"])

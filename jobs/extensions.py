@@ -51,6 +51,7 @@ __all__ = [
     "pass_observer",
     "pass_observers",
     "transition_hook",
+    "transition_hook_named",
     "transition_hooks_for",
     "visibility_rule",
     "visibility_rules",
@@ -98,6 +99,14 @@ class TransitionHook:
     `channel` are who asked for the move and through what (admin, api, web, system), when the
     move says so. With `owners_only`, jobs without an owner skip it (and a move that runs no
     hook at all can be one autocommit statement: see `jobs.services.transition`).
+
+    `needed_when` (for a hook run after the move) gives a condition on the job's row, a boolean
+    expression such as `Exists(…)` over `OuterRef` columns, outside which the hook has nothing to
+    do (the owner's webhooks: the owner has an active one). A move whose after-hooks all have
+    one is first tried as that one statement, fenced to the rows where none of them holds; only
+    when it matches nothing (a hook is needed, or the move is refused) does the move take its
+    transaction and run the hooks. The condition is read in the move's own statement, so a hook
+    is never skipped for a row it was needed for at that moment.
     """
 
     name: str
@@ -105,23 +114,37 @@ class TransitionHook:
     fn: Callable[..., None]
     owners_only: bool = False
     before: bool = False
+    needed_when: Callable[[], Any] | None = None
 
 
 _transition_hooks: dict[str, TransitionHook] = {}
 
 
 def transition_hook(
-    name: str, *, statuses: Iterable[str], owners_only: bool = False, before: bool = False
+    name: str,
+    *,
+    statuses: Iterable[str],
+    owners_only: bool = False,
+    before: bool = False,
+    needed_when: Callable[[], Any] | None = None,
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Run the decorated function inside every move of a job into one of `statuses` (after the
-    job's row is written, or with `before` just before it: see `TransitionHook`)."""
+    job's row is written, or with `before` just before it; only where `needed_when()` holds,
+    when given: see `TransitionHook`)."""
+    if before and needed_when is not None:
+        raise ValueError("needed_when is for hooks run after the move (a closing hook has `feature_rows`)")
 
     def register(fn: Callable[..., None]) -> Callable[..., None]:
         _transition_hooks[name] = TransitionHook(name=name, statuses=frozenset(statuses), fn=fn,
-                                                 owners_only=owners_only, before=before)
+                                                 owners_only=owners_only, before=before, needed_when=needed_when)
         return fn
 
     return register
+
+
+def transition_hook_named(name: str) -> TransitionHook:
+    """The registered hook `name` (KeyError when there is none)."""
+    return _transition_hooks[name]
 
 
 def transition_hooks_for(to: str, *, has_owner: bool | None) -> list[TransitionHook]:

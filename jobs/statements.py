@@ -12,10 +12,11 @@ prepared by the same field methods the ORM uses.
 
 The shape is everything that decides the text: the source statuses, whether the move is fenced
 to an attempt, the extra condition (`where`, by its `repr`), whether it requires no feature rows,
-and, for each column written, whether its value is NULL, a plain value, or which expression. Only
-expressions built from the kinds whose `repr` shows all of them (`F`, `Value`, `Now`, arithmetic
-on them, `ExpressionWrapper`) and conditions whose values are plain take part; anything else is
-built by the ORM every time, as before.
+which transition hooks it is fenced from (`unless_needed`, by name: a hook's `needed_when` is the
+same condition every time), and, for each column written, whether its value is NULL, a plain
+value, or which expression. Only expressions built from the kinds whose `repr` shows all of them
+(`F`, `Value`, `Now`, arithmetic on them, `ExpressionWrapper`) and conditions whose values are
+plain take part; anything else is built by the ORM every time, as before.
 
 Under the test settings (`JOBS_CHECK_MOVE_STATEMENTS`) every reuse is also built by the ORM
 and compared, text and parameters: the whole suite checks the kept statements.
@@ -39,6 +40,7 @@ from django.db.models.lookups import Exact
 from django.db.models.sql.subqueries import UpdateQuery
 from django.db.models.sql.where import WhereNode
 
+from jobs.extensions import transition_hook_named
 from jobs.models import Job, status_among
 
 # Shapes kept per process; past this many (a condition with ever-new values), all are dropped.
@@ -61,6 +63,8 @@ class MoveRows:
     no_feature_rows: bool = False
     # A step's begin: only while the checkpoint holds no result under this key.
     without_checkpoint_key: str | None = None
+    # Only where none of these transition hooks is needed (their `needed_when`, by name).
+    unless_needed: tuple[str, ...] = ()
 
     def queryset(self) -> QuerySet[Job]:
         if self.sources is None:
@@ -75,6 +79,8 @@ class MoveRows:
             rows = rows.filter(feature_rows=False)
         if self.without_checkpoint_key is not None:
             rows = rows.exclude(checkpoint__has_key=self.without_checkpoint_key)
+        for name in self.unless_needed:
+            rows = rows.filter(~transition_hook_named(name).needed_when())
         return rows
 
     def shape(self) -> tuple | None:
@@ -85,7 +91,7 @@ class MoveRows:
             where = repr(self.where)
         sources = None if self.sources is None else tuple(sorted(self.sources))
         return (sources, self.only_attempt is not None, where, self.no_feature_rows,
-                self.without_checkpoint_key is not None)
+                self.without_checkpoint_key is not None, self.unless_needed)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Exists, OuterRef
+
 from jobs import extensions
 from jobs.models import Job
 
@@ -13,9 +15,20 @@ from jobs.models import Job
 WEBHOOK_STATUSES = frozenset({Job.Status.COMPLETED, Job.Status.FAILED, Job.Status.PAUSED, Job.Status.CANCELLED})
 
 
+def owner_has_webhooks() -> Exists:
+    """Whether the job's owner has an active webhook: only then can a move have deliveries to
+    queue. Read in the move's own statement, so that a job whose owner has none moves in that
+    one statement, without a transaction or a look for its webhooks (`TransitionHook.needed_when`)."""
+    from webhooks.models import Webhook
+
+    return Exists(Webhook.objects.filter(owner_id=OuterRef("owner_id"), is_active=True))
+
+
 def register() -> None:
     from webhooks.services import webhook_deliveries_enqueue
 
-    @extensions.transition_hook("webhooks.enqueue", statuses=WEBHOOK_STATUSES, owners_only=True)
+    @extensions.transition_hook(
+        "webhooks.enqueue", statuses=WEBHOOK_STATUSES, owners_only=True, needed_when=owner_has_webhooks
+    )
     def enqueue(*, job: Job, to: str, actor: Any, channel: str | None) -> None:
         webhook_deliveries_enqueue(job=job, event=to)

@@ -87,10 +87,22 @@ def job_transition(
 
     hooks = transition_hooks_for(to, has_owner=has_owner)
     before = [hook for hook in hooks if hook.before]
+    after = [hook for hook in hooks if not hook.before]
     # A child's end wakes its gathering parent in the same transaction (jobs.services.family).
     family = to in Job.TERMINAL and has_parent is not False
-    with _transition_transaction(alone=not any(not hook.before for hook in hooks) and not family):
-        move = MoveRows(job_id=job_id, sources=frozenset(sources), only_attempt=only_attempt, where=where)
+    move = MoveRows(job_id=job_id, sources=frozenset(sources), only_attempt=only_attempt, where=where)
+    if after and not family and all(hook.needed_when is not None for hook in after):
+        # First as the one statement, where no after-hook is needed (an owner without webhooks):
+        # matching nothing writes nothing, and the move then takes its transaction below.
+        quiet = replace(move, unless_needed=tuple(hook.name for hook in after), no_feature_rows=bool(before))
+        with one_statement_write():
+            written = job_update_with_event(rows=quiet, fields=values, type="status", status=to, message=message)
+            if written is not None:
+                job = written[0]
+                if dispatch:
+                    transaction.on_commit(lambda: job_dispatch(job=job, countdown=countdown), robust=True)
+                return job
+    with _transition_transaction(alone=not after and not family):
         if before:
             # A job that holds no feature rows has nothing to close: the one statement, as usual.
             written = job_update_with_event(rows=replace(move, no_feature_rows=True), fields=values, type="status",

@@ -51,7 +51,6 @@ __all__ = [
     "pass_observer",
     "pass_observers",
     "transition_hook",
-    "transition_hook_named",
     "transition_hooks_for",
     "visibility_rule",
     "visibility_rules",
@@ -140,11 +139,6 @@ def transition_hook(
         return fn
 
     return register
-
-
-def transition_hook_named(name: str) -> TransitionHook:
-    """The registered hook `name` (KeyError when there is none)."""
-    return _transition_hooks[name]
 
 
 def transition_hooks_for(to: str, *, has_owner: bool | None) -> list[TransitionHook]:

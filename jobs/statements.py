@@ -40,7 +40,7 @@ from django.db.models.lookups import Exact
 from django.db.models.sql.subqueries import UpdateQuery
 from django.db.models.sql.where import WhereNode
 
-from jobs.extensions import transition_hook_named
+from jobs.extensions import TransitionHook
 from jobs.models import Job, status_among
 
 # Shapes kept per process; past this many (a condition with ever-new values), all are dropped.
@@ -63,8 +63,8 @@ class MoveRows:
     no_feature_rows: bool = False
     # A step's begin: only while the checkpoint holds no result under this key.
     without_checkpoint_key: str | None = None
-    # Only where none of these transition hooks is needed (their `needed_when`, by name).
-    unless_needed: tuple[str, ...] = ()
+    # Only where none of these transition hooks is needed (their `needed_when`).
+    unless_needed: tuple[TransitionHook, ...] = ()
 
     def queryset(self) -> QuerySet[Job]:
         if self.sources is None:
@@ -79,8 +79,8 @@ class MoveRows:
             rows = rows.filter(feature_rows=False)
         if self.without_checkpoint_key is not None:
             rows = rows.exclude(checkpoint__has_key=self.without_checkpoint_key)
-        for name in self.unless_needed:
-            rows = rows.filter(~transition_hook_named(name).needed_when())
+        for hook in self.unless_needed:
+            rows = rows.filter(~hook.needed_when())
         return rows
 
     def shape(self) -> tuple | None:
@@ -91,7 +91,7 @@ class MoveRows:
             where = repr(self.where)
         sources = None if self.sources is None else tuple(sorted(self.sources))
         return (sources, self.only_attempt is not None, where, self.no_feature_rows,
-                self.without_checkpoint_key is not None, self.unless_needed)
+                self.without_checkpoint_key is not None, tuple(hook.name for hook in self.unless_needed))
 
 
 @dataclass(frozen=True)

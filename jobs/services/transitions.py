@@ -91,42 +91,40 @@ def job_transition(
     # A child's end wakes its gathering parent in the same transaction (jobs.services.family).
     family = to in Job.TERMINAL and has_parent is not False
     move = MoveRows(job_id=job_id, sources=frozenset(sources), only_attempt=only_attempt, where=where)
+    written = None
     if after and not family and all(hook.needed_when is not None for hook in after):
         # First as the one statement, where no after-hook is needed (an owner without webhooks):
         # matching nothing writes nothing, and the move then takes its transaction below.
-        quiet = replace(move, unless_needed=tuple(hook.name for hook in after), no_feature_rows=bool(before))
+        quiet = replace(move, unless_needed=tuple(after), no_feature_rows=bool(before))
         with one_statement_write():
             written = job_update_with_event(rows=quiet, fields=values, type="status", status=to, message=message)
-            if written is not None:
-                job = written[0]
-                if dispatch:
-                    transaction.on_commit(lambda: job_dispatch(job=job, countdown=countdown), robust=True)
-                return job
-    with _transition_transaction(alone=not after and not family):
-        if before:
-            # A job that holds no feature rows has nothing to close: the one statement, as usual.
-            written = job_update_with_event(rows=replace(move, no_feature_rows=True), fields=values, type="status",
-                                            status=to, message=message)
+    if written is None:
+        with _transition_transaction(alone=not after and not family):
+            if before:
+                # A job that holds no feature rows has nothing to close: the one statement, as usual.
+                written = job_update_with_event(rows=replace(move, no_feature_rows=True), fields=values,
+                                                type="status", status=to, message=message)
+                if written is None:
+                    written = _move_closing_first(move, before, job_id=job_id, to=to, fields=values,
+                                                  message=message, actor=actor, channel=channel)
+            else:
+                written = job_update_with_event(rows=move, fields=values, type="status", status=to, message=message)
             if written is None:
-                written = _move_closing_first(move, before, job_id=job_id, to=to, fields=values, message=message,
-                                              actor=actor, channel=channel)
-        else:
-            written = job_update_with_event(rows=move, fields=values, type="status", status=to, message=message)
-        if written is None:
-            _refuse(job_id, to)
-        job = written[0]
-        # In this transaction: a committed move always has its hooks' writes (closed questions
-        # and waits, queued webhook deliveries) committed with it.
-        for hook in transition_hooks_for(to, has_owner=job.owner_id is not None):
-            if not hook.before:
-                hook.fn(job=job, to=to, actor=actor, channel=channel)
-        if to in Job.TERMINAL and job.parent_id is not None:
-            from jobs.services.family import parent_child_ended  # the family module builds on this one
+                _refuse(job_id, to)
+            # In this transaction: a committed move always has its hooks' writes (closed questions
+            # and waits, queued webhook deliveries) committed with it.
+            for hook in transition_hooks_for(to, has_owner=written[0].owner_id is not None):
+                if not hook.before:
+                    hook.fn(job=written[0], to=to, actor=actor, channel=channel)
+            if to in Job.TERMINAL and written[0].parent_id is not None:
+                from jobs.services.family import parent_child_ended  # the family module builds on this one
 
-            parent_child_ended(child=job)
-        if dispatch:
-            # `job_dispatch` is looked up when called: the one seam tests replace to keep a job unsent.
-            transaction.on_commit(lambda: job_dispatch(job=job, countdown=countdown), robust=True)
+                parent_child_ended(child=written[0])
+    job = written[0]
+    if dispatch:
+        # After the move's commit (or with the caller's): `job_dispatch` is looked up when called,
+        # the one seam tests replace to keep a job unsent.
+        transaction.on_commit(lambda: job_dispatch(job=job, countdown=countdown), robust=True)
     return job
 
 

@@ -20,6 +20,8 @@ import asyncio
 import atexit
 import logging
 import os
+import select
+import ssl
 import threading
 import time
 from collections import deque
@@ -47,23 +49,131 @@ def job_group(job_id: Any) -> str:
     return f"job.{hex_id}"
 
 
-class Publisher:
-    """One daemon thread and one channel layer, for one process.
+class DirectPush:
+    """A connection of this process to the channel layer's Redis on which pushes are written by
+    the thread that publishes them, without waiting for Redis's answer: one non-blocking write
+    of one script (`RedisChannelLayer.push_command`) per event, no hand-off to another thread.
 
-    Sends are queued and taken by the thread in batches: a batch asks Redis once which of its
-    groups anyone follows, and who (`group_members_now`, one script per Redis host), and sends
-    only to those, each message one more round trip (`group_send_now` with the members it was
-    given). Most pushes go to a job nobody watches at that moment, and the feed when no page is
-    open: they then cost a share of one round trip. Messages keep their order within a group.
+    Handing each push to the publisher's thread cost a pool process more than the push itself:
+    the thread woke for every event and took the GIL from the job's thread, which then waited
+    for it back (about 35 futex calls per no-op job under `strace`; bench/README.md, "The push
+    without the hand-off"). The answers are read later, when they are there (a non-blocking read
+    before each write, and `drain`), so an error is logged, never waited for.
 
-    The thread uses plain blocking sockets (the layer's `…_now` methods): with an asyncio loop
-    and redis-py's asyncio client, the loop's wake-ups and the client's machinery cost a pool
-    process about half as much CPU as the job's own work (bench/README.md, "Prepared
-    statements"). A channel layer without those methods gets its own `group_send`, awaited on a
-    loop of this thread.
+    Writes never block: the socket is non-blocking, and a write the kernel cannot take at once
+    (Redis has stopped reading) fails the connection, as any error does. The publisher then
+    sends through its thread again and connects a new one (`Publisher`).
     """
 
-    def __init__(self, alias: str = DEFAULT_CHANNEL_LAYER) -> None:
+    def __init__(self, layer: Any, connection: Any) -> None:
+        import hiredis
+
+        self.layer = layer
+        self.connection = connection  # redis-py's, connected: its socket is written directly
+        self.socket = connection._sock
+        self.socket.setblocking(False)
+        self.reader = hiredis.Reader()
+        self.pack = connection._command_packer.pack
+        self.unanswered: deque[list[tuple[str, dict[str, Any]]]] = deque()  # the pushes of each write, in order
+
+    def send(self, pushes: list[tuple[str, dict[str, Any]]]) -> None:
+        """Write the pushes' command, first taking whatever answers have come. Raises `Unsent`
+        (with these pushes, and any Redis refused unrun) when it cannot: the connection is then
+        unusable."""
+        try:
+            self.read()  # also finds a connection Redis has closed (a restart) before writing to it
+            data = b"".join(self.pack(*self.layer.push_command(pushes)))
+            sent = self.socket.send(data)
+        except Unsent as exc:
+            raise Unsent(exc.reason, [*exc.pushes, *pushes]) from None
+        except OSError as exc:
+            raise Unsent(f"{type(exc).__name__}: {exc}", pushes) from None
+        if sent != len(data):
+            # Redis gets a cut command, then the connection's close: it runs none of it.
+            raise Unsent(f"Redis took {sent} of {len(data)} bytes at once", pushes)
+        self.unanswered.append(pushes)
+
+    def read(self) -> None:
+        """Take the answers that have come, without waiting; log the errors among them. A push
+        refused because Redis no longer has the script (`SCRIPT FLUSH`) ran nothing: it and the
+        ones written after it are raised back (`Unsent`) to go another way."""
+        import hiredis
+
+        refused: list[tuple[str, dict[str, Any]]] = []
+        while True:
+            try:
+                data = self.socket.recv(65536)
+            except (BlockingIOError, ssl.SSLWantReadError):
+                break
+            if not data:
+                raise OSError("Redis closed the connection")
+            self.reader.feed(data)
+            while (answer := self.reader.gets()) is not False:
+                pushes = self.unanswered.popleft()
+                if isinstance(answer, hiredis.ReplyError):
+                    if str(answer).startswith("NOSCRIPT"):
+                        refused.extend(pushes)
+                    else:
+                        logger.warning("job event push refused by Redis: %s", answer)
+                elif answer:
+                    logger.info("job event push: %s channel key(s) over capacity, skipped", answer)
+        if refused:
+            raise Unsent("Redis no longer has the push script", refused)
+
+    def drain(self, deadline: float) -> bool:
+        """Wait (until the monotonic `deadline`) for the answers to every push written: then
+        Redis has them all. False on timeout; `Unsent` as `read`."""
+        while self.unanswered:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            select.select([self.socket], [], [], remaining)
+            try:
+                self.read()
+            except OSError as exc:
+                raise Unsent(f"{type(exc).__name__}: {exc}", []) from None
+        return True
+
+    def close(self) -> None:
+        try:
+            self.socket.setblocking(True)
+            self.connection.disconnect()
+        except Exception:  # closing a broken connection: nothing to save
+            pass
+
+
+class Unsent(Exception):
+    """The direct path failed (`reason`); `pushes` were not sent and may go another way."""
+
+    def __init__(self, reason: str, pushes: list[tuple[str, dict[str, Any]]]) -> None:
+        super().__init__(reason)
+        self.reason, self.pushes = reason, pushes
+
+
+class Publisher:
+    """One channel layer for one process, and a daemon thread for what cannot go directly.
+
+    The direct path (`DirectPush`): once the thread has connected it, a push is written by the
+    thread that publishes it, as one script that finds the group's members and adds the message
+    to their keys, without waiting for the answer. Used while nothing is queued for the thread,
+    so that messages keep their order within a group.
+
+    The thread's path, at the start, while Redis is away, and for a channel layer the script
+    cannot serve: sends are queued and taken by the thread in batches. A batch asks Redis once
+    which of its groups anyone follows, and who (`group_members_now`, one script per Redis
+    host), and sends only to those, each message one more round trip (`group_send_now` with the
+    members it was given). The thread uses plain blocking sockets (the layer's `…_now`
+    methods); a channel layer without those gets its own `group_send`, awaited on a loop of
+    this thread. After each batch the thread tries to connect the direct path again (at most
+    every `reconnect_interval` seconds).
+    """
+
+    reconnect_interval = 1.0  # seconds between two attempts to connect the direct path
+    # Seconds a direct write may take before it fails; the socket is non-blocking once connected,
+    # so this bounds only the connect (made on the publisher's thread).
+    direct_timeout = 2.0
+
+    def __init__(self, alias: str = DEFAULT_CHANNEL_LAYER, direct: bool = True) -> None:
         self.pid = os.getpid()
         self.layer = channel_layers.make_backend(alias)
         self._queue: deque[tuple[str, dict[str, Any]]] = deque()  # appended by any thread
@@ -72,34 +182,66 @@ class Publisher:
         self._done = threading.Condition(self._lock)  # `flush` waits on it for the thread
         self._sending = False  # the thread holds a batch (under the lock)
         self._loop: asyncio.AbstractEventLoop | None = None  # only for another channel layer
+        can_push = getattr(self.layer, "can_push_directly", None)  # taskplatform.channel_layer
+        self._direct_wanted = direct and can_push is not None and can_push()
+        self._direct: DirectPush | None = None  # used under the lock, by whoever publishes
+        self._direct_tried = 0.0  # time.monotonic() of the last attempt to connect it
         self._thread = threading.Thread(target=self._run, name="job-event-publisher", daemon=True)
         self._thread.start()
 
     def send(self, group: str, message: dict[str, Any]) -> None:
-        """Queue `message` for `group` and return at once (thread-safe)."""
+        """Push `message` to `group` without waiting (thread-safe)."""
+        self.send_all([(group, message)])
+
+    def send_all(self, pushes: list[tuple[str, dict[str, Any]]]) -> None:
+        """Push each (group, message) in order, without waiting (thread-safe): written at once
+        on the direct path, or queued for the thread."""
         if len(self._queue) >= MAX_PENDING:
-            logger.warning("job event publisher: %d sends pending, dropped one for %s", len(self._queue), group)
+            logger.warning("job event publisher: %d sends pending, dropped %d", len(self._queue), len(pushes))
             return
         with self._lock:
-            self._queue.append((group, message))
+            direct = self._direct
+            if direct is not None and not self._queue and not self._sending:
+                try:
+                    direct.send(pushes)
+                    return
+                except Unsent as exc:  # the connection is unusable: the thread takes over
+                    self._direct_lost(direct, exc)
+                    pushes = exc.pushes
+            self._queue.extend(pushes)
             self._work.notify()  # wakes the thread if it waits; nothing to do while it sends
 
     # -- on the publisher's thread -----------------------------------------------------------
     def _run(self) -> None:
         self._warm()
+        self._connect_direct()
         while True:
             with self._lock:
                 while not self._queue:
                     self._sending = False
                     self._done.notify_all()
-                    self._work.wait()
-                self._sending = True
+                    if self._reconnect_due():
+                        break
+                    self._work.wait(self._reconnect_in())
                 batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
-            try:
-                self._send_batch(batch)
-            except Exception as exc:  # a lost push costs a client a database read, never an event
-                logger.warning("job event publish of %d message(s) failed: %s: %s", len(batch), type(exc).__name__,
-                               exc)
+                self._sending = bool(batch)
+            if batch:
+                try:
+                    self._send_batch(batch)
+                except Exception as exc:  # a lost push costs a client a database read, never an event
+                    logger.warning("job event publish of %d message(s) failed: %s: %s", len(batch),
+                                   type(exc).__name__, exc)
+            if self._reconnect_due():
+                self._connect_direct()
+
+    def _reconnect_in(self) -> float | None:
+        """Seconds until the thread tries to connect the direct path again (None: no need)."""
+        if self._direct is not None or not self._direct_wanted:
+            return None
+        return max(0.0, self._direct_tried + self.reconnect_interval - time.monotonic())
+
+    def _reconnect_due(self) -> bool:
+        return self._reconnect_in() == 0.0
 
     def _warm(self) -> None:
         """Open the connections before the first send needs them (a new pool process starts its
@@ -111,6 +253,19 @@ class Publisher:
             warm_now()
         except Exception as exc:  # Redis away: the first send connects (or fails) as it would have
             logger.warning("job event publisher could not connect ahead: %s: %s", type(exc).__name__, exc)
+
+    def _connect_direct(self) -> None:
+        """Connect the direct path (blocking this thread, never a publisher's)."""
+        if not self._direct_wanted:
+            return
+        self._direct_tried = time.monotonic()
+        try:
+            direct = DirectPush(self.layer, self.layer.push_connection(self.direct_timeout))
+        except Exception as exc:  # Redis away: the thread sends, and tries again later
+            logger.info("job event publisher: no direct connection yet: %s: %s", type(exc).__name__, exc)
+            return
+        with self._lock:
+            self._direct = direct
 
     def _send_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> None:
         by_group: dict[str, list[dict[str, Any]]] = {}
@@ -135,7 +290,7 @@ class Publisher:
 
     # -- from any thread -------------------------------------------------------------------
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every queued send has gone out (or failed); False on timeout."""
+        """Wait until every push has reached Redis (or failed); False on timeout."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while self._queue or self._sending:
@@ -143,7 +298,22 @@ class Publisher:
                 if remaining <= 0:
                     return False
                 self._done.wait(remaining)
-        return True
+            direct = self._direct
+            if direct is None:
+                return True
+            try:
+                return direct.drain(deadline)
+            except Unsent as exc:
+                self._direct_lost(direct, exc)
+                self._queue.extend(exc.pushes)
+                self._work.notify()
+        return self.flush(deadline - time.monotonic())  # what went back to the thread
+
+    def _direct_lost(self, direct: DirectPush, exc: Unsent) -> None:
+        """Under the lock: stop using `direct`; the thread sends until it connects a new one."""
+        self._direct = None
+        direct.close()
+        logger.warning("job event push failed, sending through the publisher's thread: %s", exc.reason)
 
 
 _publisher: Publisher | None = None
@@ -191,11 +361,16 @@ def publish(group: str, message: Mapping[str, Any]) -> None:
 
     Never raises and never blocks: a failure is logged, and the event log remains the truth.
     """
+    publish_all([(group, message)])
+
+
+def publish_all(pushes: list[tuple[str, Mapping[str, Any]]]) -> None:
+    """`publish` each (group, message), in order: on the direct path, one write for them all."""
     try:
         # The group rides along: a server process fans a message out to its local followers by it.
-        publisher().send(group, {**message, "group": group})
+        publisher().send_all([(group, {**message, "group": group}) for group, message in pushes])
     except Exception:  # the write already happened; a lost push must not undo or fail it
-        logger.exception("could not queue a job event for %s", group)
+        logger.exception("could not queue job events for %s", ", ".join(group for group, _ in pushes))
 
 
 def event_publish(*, job: Job, event: JobEvent) -> None:
@@ -207,6 +382,7 @@ def event_publish(*, job: Job, event: JobEvent) -> None:
     # The data only: a web process that has followers encodes their frame once for all of them
     # (`jobs.fanout.Push`). Most events are followed by nobody, and a pool process running a job
     # would otherwise encode each one for nothing (and send it twice over Redis).
-    publish(job_group(job.pk), {"type": "job.event", "job_id": str(job.pk), "event": event.as_dict()})
+    pushes = [(job_group(job.pk), {"type": "job.event", "job_id": str(job.pk), "event": event.as_dict()})]
     if event.type == JobEvent.Type.STATUS:
-        publish(FEED_GROUP, {"type": "job.status", "job": job_as_dict(job), "owner_id": job.owner_id})
+        pushes.append((FEED_GROUP, {"type": "job.status", "job": job_as_dict(job), "owner_id": job.owner_id}))
+    publish_all(pushes)

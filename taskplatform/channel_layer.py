@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import time
 from typing import Any
 
+import msgpack
 import redis
 import redis.sentinel
 from channels_redis.core import RedisChannelLayer as BaseRedisChannelLayer
+from channels_redis.serializers import MsgPackSerializer
 from redis import asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
@@ -69,6 +72,70 @@ end
 return found
 """
 _GROUP_MEMBERS_SHA = hashlib.sha1(_GROUP_MEMBERS.encode()).hexdigest()
+
+
+# Pushes to groups (KEYS), written by `jobs.broadcast` without waiting for the answer: for each
+# group, drop its expired members (scored at or before ARGV[1]), then add the group's message to
+# each of its members' keys as `group_send` does. ARGV: the oldest member score kept, the time
+# (the messages' score), the oldest message score kept, the keys' expiry, the capacity of a key,
+# the layer's prefix, then one message head per group: the serialised message (its random prefix
+# and a msgpack map with one entry more than it holds, ending with the key `__asgi_channel__`), to
+# which the script appends the list of the member channels sharing the key. The members' keys are
+# computed here (as `_map_channel_keys_to_connection` does), so a layer on one Redis host only.
+# Returns how many keys over their capacity were skipped.
+_PUBLISH = """
+local oldest, now, stale, expiry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local capacity, prefix = tonumber(ARGV[5]), ARGV[6]
+local function packed_string(text)
+    local size = #text
+    if size < 32 then return string.char(0xa0 + size) .. text end
+    if size < 256 then return string.char(0xd9, size) .. text end
+    return string.char(0xda, math.floor(size / 256), size % 256) .. text
+end
+local function packed_list(items)
+    local parts = {}
+    for index, item in ipairs(items) do parts[index] = packed_string(item) end
+    local count = #items
+    local head = count < 16 and string.char(0x90 + count) or string.char(0xdc, math.floor(count / 256), count % 256)
+    return head .. table.concat(parts)
+end
+local skipped = 0
+for index = 1, #KEYS do
+    redis.call('ZREMRANGEBYSCORE', KEYS[index], 0, oldest)
+    local members = redis.call('ZRANGE', KEYS[index], 0, -1)
+    local keys, channels = {}, {}
+    for _, channel in ipairs(members) do
+        local bang = string.find(channel, '!', 1, true)
+        local key = prefix .. (bang and string.sub(channel, 1, bang) or channel)
+        if channels[key] == nil then
+            channels[key] = {}
+            keys[#keys + 1] = key
+        end
+        table.insert(channels[key], channel)
+    end
+    for _, key in ipairs(keys) do
+        redis.call('ZREMRANGEBYSCORE', key, 0, stale)
+        if redis.call('ZCARD', key) < capacity then
+            redis.call('ZADD', key, now, ARGV[6 + index] .. packed_list(channels[key]))
+            redis.call('EXPIRE', key, expiry)
+        else
+            skipped = skipped + 1
+        end
+    end
+end
+return skipped
+"""
+_PUBLISH_SHA = hashlib.sha1(_PUBLISH.encode()).hexdigest()
+_CHANNELS_KEY = msgpack.packb("__asgi_channel__")
+
+
+def _map_header(size: int) -> bytes:
+    """msgpack's header of a map of `size` entries."""
+    if size < 16:
+        return bytes([0x80 | size])
+    if size < 1 << 16:
+        return b"\xde" + size.to_bytes(2, "big")
+    return b"\xdf" + size.to_bytes(4, "big")
 
 
 def _members_found(names: list[str], answer: list) -> dict[str, list[str]]:
@@ -200,6 +267,45 @@ class RedisChannelLayer(BaseRedisChannelLayer):
         assert self.require_valid_group_name(group), "Group name not valid"
         for pipe in self._send_pipelines(message, members, self.connection_now):
             self._over_capacity(pipe.execute()[-1], group, members)
+
+    # -- Pushes written without waiting (the publisher's direct path) ----------------------------
+    def can_push_directly(self) -> bool:
+        """Can `push_command` serve this layer? One Redis host (the script writes the members' keys
+        where the group's is), one capacity for every channel, msgpack without encryption."""
+        serializer = self._serializer
+        return (self.ring_size == 1 and not self.channel_capacity and type(serializer) is MsgPackSerializer
+                and serializer.crypter is None)
+
+    def push_command(self, pushes: list[tuple[str, dict]]) -> list[Any]:
+        """The command (EVALSHA of `_PUBLISH`) that sends each (group, message) of `pushes` as
+        `group_send` would: the same keys, scores, expiries and capacity, and each message as
+        `deserialize` reads it back, naming the member channels it is for."""
+        now = time.time()
+        keys, heads = [], []
+        for group, message in pushes:
+            assert self.require_valid_group_name(group), "Group name not valid"
+            if "__asgi_channel__" in message:
+                raise ValueError("a pushed message must not name its channels")
+            body = msgpack.packb(message)
+            header = _map_header(len(message))
+            size = self._serializer.random_prefix_length  # a message's uniqueness in its sorted set
+            prefix = random.getrandbits(8 * size).to_bytes(size, "big") if size else b""
+            keys.append(self._group_key(group))
+            heads.append(prefix + _map_header(len(message) + 1) + body[len(header):] + _CHANNELS_KEY)
+        return ["EVALSHA", _PUBLISH_SHA, len(keys), *keys, int(now) - self.group_expiry, repr(now),
+                int(now) - int(self.expiry), self.expiry, self.capacity, self.prefix, *heads]
+
+    def push_connection(self, socket_timeout: float) -> Any:
+        """A new connection (redis-py's, not from a pool) to the layer's Redis, connected, with the
+        push script loaded: for `jobs.broadcast`'s direct path. Blocks while it connects."""
+        pool = self.connection_now(0).connection_pool
+        connection = pool.make_connection()
+        connection.socket_timeout = socket_timeout
+        connection.socket_connect_timeout = socket_timeout
+        connection.connect()
+        connection.send_command("SCRIPT", "LOAD", _PUBLISH)
+        connection.read_response()
+        return connection
 
     def _members_asks(self, groups: list[str]) -> list[tuple[int, list[str], list[bytes], int]]:
         """(host index, group names, their keys, the oldest score kept) for each host."""

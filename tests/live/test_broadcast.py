@@ -52,6 +52,25 @@ def publisher_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == "job-event-publisher"]
 
 
+@pytest.fixture
+def thread_path():
+    """This process's publisher without the direct path: every push goes through its thread."""
+    previous = broadcast._publisher
+    broadcast._publisher = broadcast.Publisher(direct=False)
+    yield broadcast._publisher
+    assert broadcast._publisher.flush(5)
+    broadcast._publisher = previous
+
+
+def direct_ready(timeout: float = 5.0) -> broadcast.DirectPush:
+    """This process's publisher, once its thread has connected the direct path."""
+    deadline = time.monotonic() + timeout
+    while publisher()._direct is None:
+        assert time.monotonic() < deadline, "the publisher did not connect its direct path"
+        time.sleep(0.01)
+    return publisher()._direct
+
+
 def test_many_publishes_share_one_loop_thread_and_one_layer_and_keep_their_order():
     channel = member_of("bench.order")
     first = publisher()
@@ -64,7 +83,7 @@ def test_many_publishes_share_one_loop_thread_and_one_layer_and_keep_their_order
     assert list(first.layer.sync_clients) == [0] and not first.layer._layers
 
 
-def test_publish_returns_at_once_even_when_redis_is_slow():
+def test_publish_returns_at_once_even_when_redis_is_slow(thread_path):
     member_of("bench.slow")
     slow_sends = []
 
@@ -93,7 +112,7 @@ def test_publish_does_not_block_an_event_loop():
     assert received(channel, 1)[0]["type"] == "test.message"
 
 
-def test_a_failed_push_never_fails_the_write(caplog):
+def test_a_failed_push_never_fails_the_write(caplog, thread_path):
     job, _ = job_submit(kind="demo.noop", input={})
 
     def broken(group, message, members):
@@ -114,7 +133,7 @@ def test_a_failed_push_never_fails_the_write(caplog):
     assert f"publish to {job_group(job.pk)} failed: ConnectionError: redis is down" in caplog.text  # the send
 
 
-def test_a_batch_asks_redis_once_which_groups_anyone_follows_and_sends_only_to_those():
+def test_a_batch_asks_redis_once_which_groups_anyone_follows_and_sends_only_to_those(thread_path):
     channel = member_of("bench.followed")
     asked, sent = [], []
     layer = publisher().layer
@@ -323,3 +342,145 @@ def test_the_fan_out_takes_a_message_in_one_round_trip_and_leaves_the_others_the
         assert [m["number"] for m in theirs] == [0, 1, 2]
 
     async_to_sync(scenario)()
+
+
+# -- The direct path: pushes written by the thread that publishes them ------------------------------
+def test_a_push_is_written_by_the_thread_that_publishes_it_not_handed_to_another():
+    channel = member_of("bench.direct")
+    publish("bench.warm", {"type": "test.message"})  # a Redis that lost the script (an earlier test) is seen
+    assert publisher().flush(5)
+    direct_ready()
+    with mock.patch.object(broadcast.Publisher, "_send_batch", side_effect=AssertionError("handed to the thread")):
+        for number in range(100):
+            publish("bench.direct", {"type": "test.message", "number": number})
+        assert publisher().flush(5)
+    assert publisher()._direct is not None and not publisher()._direct.unanswered
+    assert [message["number"] for message in received(channel, 100)] == list(range(100))
+
+
+def fresh_layer(**config):
+    """A channel layer of its own (its own prefix, so no key of another test), on the suite's Redis."""
+    from taskplatform.channel_layer import RedisChannelLayer
+
+    return RedisChannelLayer(hosts=get_channel_layer().hosts, prefix=f"bench{uuid.uuid4().hex[:8]}", **config)
+
+
+def test_the_push_script_writes_what_channels_redis_group_send_writes():
+    """The same members' keys, the same message (the channels sharing a key named in it), the same
+    expiry: two channels of one process (one key), and a channel of a key of its own."""
+    group_send, pushed = f"bench.semantics.a.{uuid.uuid4().hex}", f"bench.semantics.b.{uuid.uuid4().hex}"
+    message = {"type": "test.message", "text": "é" * 40, "nested": {"empty": {}, "list": [1, 2.5, None, True]},
+               "bytes": b"\x00\xff", "big": 2**40, **{f"k{n}": n for n in range(20)}}
+    layer = fresh_layer()
+
+    async def scenario():
+        one, two = await layer.new_channel(), await layer.new_channel()
+        alone = f"bench.alone.{uuid.uuid4().hex}"
+        for group in (group_send, pushed):
+            for channel in (one, two, alone):
+                await layer.group_add(group, channel)
+        await layer.group_send(group_send, message)
+        direct = broadcast.DirectPush(layer, layer.push_connection(2.0))
+        try:
+            direct.send([(pushed, message)])
+            assert direct.drain(time.monotonic() + 5)
+        finally:
+            direct.close()
+        connection = layer.connection(0)
+        stored = {}
+        for key in (layer.prefix + layer.non_local_name(one), layer.prefix + alone):
+            members = await connection.zrange(key, 0, -1, withscores=True)
+            stored[key] = [(layer.deserialize(raw), score) for raw, score in members]
+            assert 0 < await connection.ttl(key) <= layer.expiry
+        taken = {channel: [await asyncio.wait_for(layer.receive(channel), 5) for _ in range(2)]
+                 for channel in (one, two, alone)}
+        return one, two, alone, stored, taken
+
+    one, two, alone, stored, taken = async_to_sync(scenario)()
+    for key, ((by_group_send, first_score), (by_script, second_score)) in stored.items():
+        assert by_script == by_group_send, key
+        assert abs(second_score - first_score) < 5
+    shared = stored[layer.prefix + layer.non_local_name(one)][1][0]
+    assert sorted(shared["__asgi_channel__"]) == sorted([one, two])
+    for messages in taken.values():
+        assert messages[0] == messages[1] == message
+
+
+def test_the_push_script_skips_a_full_key_and_says_so(caplog):
+    layer = fresh_layer(capacity=2)
+    full, open_ = f"bench.full.{uuid.uuid4().hex}", f"bench.open.{uuid.uuid4().hex}"
+    group = "bench.pushed.capacity"
+    direct = broadcast.DirectPush(layer, layer.push_connection(2.0))
+    try:
+        async def join():
+            for channel in (full, open_):
+                await layer.group_add(group, channel)
+            await layer.send(full, {"type": "test.message", "number": -1})
+            await layer.send(full, {"type": "test.message", "number": -2})
+
+        async_to_sync(join)()
+        with caplog.at_level(logging.INFO, logger="jobs.broadcast"):
+            direct.send([(group, {"type": "test.message", "number": 1})])
+            assert direct.drain(time.monotonic() + 5)
+        assert "1 channel key(s) over capacity, skipped" in caplog.text
+
+        async def take(channel, count):
+            return [(await asyncio.wait_for(layer.receive(channel), 5))["number"] for _ in range(count)]
+
+        assert async_to_sync(take)(open_, 1) == [1]
+        assert async_to_sync(take)(full, 2) == [-1, -2]
+    finally:
+        direct.close()
+
+
+def test_a_connection_redis_closed_goes_back_to_the_thread_and_loses_nothing(caplog):
+    import redis as redis_py
+    from django.conf import settings
+
+    channel = member_of("bench.killed")
+    direct = direct_ready()
+    host, port = direct.socket.getsockname()[:2]
+    killer = redis_py.Redis.from_url(settings.REDIS_URL)
+    assert killer.client_kill_filter(addr=f"{host}:{port}") == 1  # as Redis does at a restart
+    time.sleep(0.1)  # its close has reached this side
+    with caplog.at_level(logging.WARNING, logger="jobs.broadcast"):
+        for number in range(20):
+            publish("bench.killed", {"type": "test.message", "number": number})
+        assert publisher().flush(5)
+    assert "sending through the publisher's thread: OSError: Redis closed the connection" in caplog.text
+    assert [message["number"] for message in received(channel, 20)] == list(range(20))
+    assert direct_ready() is not direct  # the thread connected a new one
+    publish("bench.killed", {"type": "test.message", "number": 20})
+    assert [message["number"] for message in received(channel, 1)] == [20]
+
+
+def test_a_redis_that_forgot_the_push_script_gets_it_again_and_loses_no_push(caplog):
+    """`SCRIPT FLUSH`: the pushes Redis refused (it ran none of them) go through the thread, in
+    order, and the thread connects a new direct path, which loads the script."""
+    import redis as redis_py
+    from django.conf import settings
+
+    channel = member_of("bench.noscript")
+    direct = direct_ready()
+    redis_py.Redis.from_url(settings.REDIS_URL).script_flush()
+    with caplog.at_level(logging.WARNING, logger="jobs.broadcast"):
+        for number in range(5):
+            publish("bench.noscript", {"type": "test.message", "number": number})
+        assert publisher().flush(5)
+    assert "sending through the publisher's thread: Redis no longer has the push script" in caplog.text
+    assert direct_ready() is not direct
+    publish("bench.noscript", {"type": "test.message", "number": 5})
+    assert [message["number"] for message in received(channel, 6)] == list(range(6))
+
+
+def test_a_publisher_sends_through_its_thread_until_the_direct_path_is_connected():
+    """At a process's start, or with Redis away: nothing waits for the connection."""
+    channel = member_of("bench.early")
+    from taskplatform.channel_layer import RedisChannelLayer
+
+    with mock.patch.object(RedisChannelLayer, "push_connection", side_effect=ConnectionError("away")):
+        early = broadcast.Publisher()
+        for number in range(10):
+            early.send("bench.early", {"type": "test.message", "number": number, "group": "bench.early"})
+        assert early.flush(5) and early._direct is None
+    assert [message["number"] for message in received(channel, 10)] == list(range(10))

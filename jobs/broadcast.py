@@ -49,6 +49,11 @@ def job_group(job_id: Any) -> str:
     return f"job.{hex_id}"
 
 
+# Answers of a Redis that ran nothing of the script: it no longer has it (`SCRIPT FLUSH`), it is
+# a replica now (a failover the connection outlived), or it is loading or has lost its master.
+REFUSED_UNRUN = ("NOSCRIPT", "READONLY", "LOADING", "MASTERDOWN")
+
+
 class DirectPush:
     """A connection of this process to the channel layer's Redis on which pushes are written by
     the thread that publishes them, without waiting for Redis's answer: one non-blocking write
@@ -95,11 +100,14 @@ class DirectPush:
 
     def read(self) -> None:
         """Take the answers that have come, without waiting; log the errors among them. A push
-        refused because Redis no longer has the script (`SCRIPT FLUSH`) ran nothing: it and the
-        ones written after it are raised back (`Unsent`) to go another way."""
+        that Redis refused before running any of it (`REFUSED_UNRUN`: it lost the script, or
+        the server became a replica) is raised back (`Unsent`) with the others refused, to go
+        another way: a new connection loads the script, and finds the master through the
+        Sentinels."""
         import hiredis
 
         refused: list[tuple[str, dict[str, Any]]] = []
+        refused_reason = ""
         while True:
             try:
                 data = self.socket.recv(65536)
@@ -111,14 +119,15 @@ class DirectPush:
             while (answer := self.reader.gets()) is not False:
                 pushes = self.unanswered.popleft()
                 if isinstance(answer, hiredis.ReplyError):
-                    if str(answer).startswith("NOSCRIPT"):
+                    if str(answer).startswith(REFUSED_UNRUN):
                         refused.extend(pushes)
+                        refused_reason = str(answer)
                     else:
                         logger.warning("job event push refused by Redis: %s", answer)
                 elif answer:
                     logger.info("job event push: %s channel key(s) over capacity, skipped", answer)
         if refused:
-            raise Unsent("Redis no longer has the push script", refused)
+            raise Unsent(f"Redis ran none of {len(refused)} push(es): {refused_reason}", refused)
 
     def drain(self, deadline: float) -> bool:
         """Wait (until the monotonic `deadline`) for the answers to every push written: then

@@ -467,7 +467,8 @@ def test_a_redis_that_forgot_the_push_script_gets_it_again_and_loses_no_push(cap
         for number in range(5):
             publish("bench.noscript", {"type": "test.message", "number": number})
         assert publisher().flush(5)
-    assert "sending through the publisher's thread: Redis no longer has the push script" in caplog.text
+    assert "sending through the publisher's thread: Redis ran none of" in caplog.text
+    assert "NOSCRIPT" in caplog.text
     assert direct_ready() is not direct
     publish("bench.noscript", {"type": "test.message", "number": 5})
     assert [message["number"] for message in received(channel, 6)] == list(range(6))
@@ -484,3 +485,32 @@ def test_a_publisher_sends_through_its_thread_until_the_direct_path_is_connected
             early.send("bench.early", {"type": "test.message", "number": number, "group": "bench.early"})
         assert early.flush(5) and early._direct is None
     assert [message["number"] for message in received(channel, 10)] == list(range(10))
+
+
+def test_a_redis_that_became_a_replica_refuses_the_pushes_and_they_go_another_way(tmp_path):
+    """A failover the connection outlived: the old master, a replica now, answers READONLY to the
+    script, having run none of it. Those pushes come back to the publisher (`Unsent`) rather than
+    being dropped, and the connection is given up (a new one asks the Sentinels for the master)."""
+    from taskplatform.channel_layer import RedisChannelLayer
+    from tests.chaos.servers import PrivateRedis
+
+    master, other = PrivateRedis(tmp_path / "a").start(), PrivateRedis(tmp_path / "b").start()
+    try:
+        layer = RedisChannelLayer(hosts=[{"address": master.url}], prefix="bench")
+        direct = broadcast.DirectPush(layer, layer.push_connection(2.0))
+        direct.send([("bench.replica", {"type": "test.message", "number": 0})])
+        assert direct.drain(time.monotonic() + 5)
+        import redis as redis_py
+
+        redis_py.Redis.from_url(master.url).execute_command("REPLICAOF", "127.0.0.1", other.port)
+        pushes = [("bench.replica", {"type": "test.message", "number": 1}),
+                  ("bench.replica", {"type": "test.message", "number": 2})]
+        direct.send(pushes[:1])
+        time.sleep(0.2)  # its answer has come
+        with pytest.raises(broadcast.Unsent) as refused:
+            direct.send(pushes[1:])
+        assert refused.value.pushes == pushes and "READONLY" in refused.value.reason
+        direct.close()
+    finally:
+        master.stop()
+        other.stop()

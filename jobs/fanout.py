@@ -81,6 +81,17 @@ class Follower(Protocol):
         event) and must not raise. (A follower may also have `deliver_batch(batch)`.)"""
 
 
+def _not_cancelled() -> None:
+    """Raise the cancellation of the running task if an await swallowed it: on Python 3.11,
+    `asyncio.wait_for` (which redis-py wraps around each socket write) returns the result of a
+    command that completed just as the task was cancelled, and the request is lost but still
+    counted (`Task.cancelling`). Without this, a loop shutting down could wait for the receive
+    loop forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class LocalFanout:
     """One channel and one receive loop per event loop, shared by every follower on it.
 
@@ -148,10 +159,12 @@ class LocalFanout:
                     await asyncio.sleep(pause)
                     messages += await self._rest_of_burst()
                 while messages:
+                    _not_cancelled()
                     self._hand_out(messages)
                     # What came meanwhile (the rest of a burst, while the loop above wrote),
                     # taken at once and handed out together.
                     messages = await self._waiting()
+                _not_cancelled()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: pushes are lost meanwhile, the database is not

@@ -88,3 +88,38 @@ def test_the_event_in_hand_goes_out_when_redis_fails_during_the_wait(large_passe
     arrivals = asyncio.run(_burst_to(200))
     assert failed and [n for arrival in arrivals for n in arrival] == [0, 1, 2]
     assert arrivals[0][0] == 0
+
+
+def test_a_cancellation_an_await_swallowed_still_stops_the_receive_loop(monkeypatch):
+    """On Python 3.11 `asyncio.wait_for` (inside redis-py) can return a completed command's result
+    to a task just cancelled, losing the cancellation: the loop must still stop, or a server
+    shutting down (and this suite's cleanup) waits for it forever."""
+
+    async def scenario():
+        entered = asyncio.Event()
+
+        async def swallowing(self):
+            entered.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                return []  # as wait_for does when the command completed at that moment
+            return []
+
+        monkeypatch.setattr(LocalFanout, "_waiting", swallowing)
+        fanout, layer, group = LocalFanout(), get_channel_layer(), f"swallowed-{uuid.uuid4().hex}"
+        await fanout.follow(group, Watcher())
+        try:
+            await layer.group_send(group, {"type": "job.event", "group": group, "n": 0})
+            await asyncio.wait_for(entered.wait(), 5)  # handed out; now in the await that swallows
+            receive_loop = fanout.tasks[0]
+            receive_loop.cancel()
+            await asyncio.wait([receive_loop], timeout=5)
+            return receive_loop.done() and receive_loop.cancelled()
+        finally:
+            for task in fanout.tasks:
+                task.cancel()
+            await asyncio.wait(fanout.tasks, timeout=5)
+            await layer.group_discard(group, fanout.channel)
+
+    assert asyncio.run(scenario())

@@ -70,6 +70,10 @@ class DirectPush:
     sends through its thread again and connects a new one (`Publisher`).
     """
 
+    # A larger write (a job whose input or result is large, on the feed) goes through the thread:
+    # the kernel may not take it at once, and a write it cannot take gives the connection up.
+    max_write = 64 * 1024
+
     def __init__(self, layer: Any, connection: Any) -> None:
         import hiredis
 
@@ -88,9 +92,12 @@ class DirectPush:
         try:
             self.read()  # also finds a connection Redis has closed (a restart) before writing to it
             data = b"".join(self.pack(*self.layer.push_command(pushes)))
+            if len(data) > self.max_write:
+                raise Unsent(f"{len(data)} bytes", pushes, usable=True)
             sent = self.socket.send(data)
         except Unsent as exc:
-            raise Unsent(exc.reason, [*exc.pushes, *pushes]) from None
+            raise Unsent(exc.reason, [*exc.pushes, *pushes] if not exc.usable else exc.pushes,
+                         usable=exc.usable) from None
         except OSError as exc:
             raise Unsent(f"{type(exc).__name__}: {exc}", pushes) from None
         if sent != len(data):
@@ -152,11 +159,12 @@ class DirectPush:
 
 
 class Unsent(Exception):
-    """The direct path failed (`reason`); `pushes` were not sent and may go another way."""
+    """The direct path did not send `pushes` (`reason`); they may go another way. The connection
+    is unusable after it, unless `usable` (the pushes were too large to write directly)."""
 
-    def __init__(self, reason: str, pushes: list[tuple[str, dict[str, Any]]]) -> None:
+    def __init__(self, reason: str, pushes: list[tuple[str, dict[str, Any]]], usable: bool = False) -> None:
         super().__init__(reason)
-        self.reason, self.pushes = reason, pushes
+        self.reason, self.pushes, self.usable = reason, pushes, usable
 
 
 class Publisher:
@@ -214,8 +222,9 @@ class Publisher:
                 try:
                     direct.send(pushes)
                     return
-                except Unsent as exc:  # the connection is unusable: the thread takes over
-                    self._direct_lost(direct, exc)
+                except Unsent as exc:  # the thread sends these (and the rest, until it reconnects)
+                    if not exc.usable:
+                        self._direct_lost(direct, exc)
                     pushes = exc.pushes
             self._queue.extend(pushes)
             self._work.notify()  # wakes the thread if it waits; nothing to do while it sends

@@ -514,3 +514,19 @@ def test_a_redis_that_became_a_replica_refuses_the_pushes_and_they_go_another_wa
     finally:
         master.stop()
         other.stop()
+
+
+def test_a_large_push_goes_through_the_thread_and_keeps_the_connection():
+    """A job's status on the feed carries its input and result: a push larger than a direct write
+    takes (`DirectPush.max_write`) goes through the thread, in order, and the connection stays."""
+    channel = member_of("bench.large")
+    publish("bench.warm", {"type": "test.message"})
+    assert publisher().flush(5)
+    direct = direct_ready()
+    publish("bench.large", {"type": "test.message", "number": 0})
+    publish("bench.large", {"type": "test.message", "number": 1, "input": "x" * 200_000})
+    publish("bench.large", {"type": "test.message", "number": 2})
+    assert publisher().flush(5)
+    pushed = received(channel, 3)
+    assert [message["number"] for message in pushed] == [0, 1, 2] and len(pushed[1]["input"]) == 200_000
+    assert publisher()._direct is direct

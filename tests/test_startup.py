@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -118,7 +119,9 @@ def test_a_new_web_processs_first_submit_answer_and_list_import_nothing():
 
     user, _ = user_ensure(username="first-requests", superuser=True)
     key = api_token_create(user=user, name="first requests")[1]
-    job, _ = job_submit(kind="demo.review", input={"document": "first"})
+    # Run here, not by the session's worker (which may be running): it would claim it first.
+    with mock.patch("jobs.services.transitions.job_dispatch"):
+        job, _ = job_submit(kind="demo.review", input={"document": "first"})
     job_execute(job_id=job.pk)
     question = Question.objects.get(job_id=job.pk, status=Question.Status.OPEN)
     out = subprocess.run([sys.executable, "-c", FIRST_REQUESTS, key, str(question.pk)], cwd=BASE_DIR,

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+import hiredis
 from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
 
 from jobs.models import Job, JobEvent
@@ -75,8 +76,6 @@ class DirectPush:
     max_write = 64 * 1024
 
     def __init__(self, layer: Any, connection: Any) -> None:
-        import hiredis
-
         self.layer = layer
         self.connection = connection  # redis-py's, connected: its socket is written directly
         self.socket = connection._sock
@@ -91,13 +90,15 @@ class DirectPush:
         unusable."""
         try:
             self.read()  # also finds a connection Redis has closed (a restart) before writing to it
-            data = b"".join(self.pack(*self.layer.push_command(pushes)))
-            if len(data) > self.max_write:
-                raise Unsent(f"{len(data)} bytes", pushes, usable=True)
-            sent = self.socket.send(data)
         except Unsent as exc:
-            raise Unsent(exc.reason, [*exc.pushes, *pushes] if not exc.usable else exc.pushes,
-                         usable=exc.usable) from None
+            raise Unsent(exc.reason, [*exc.pushes, *pushes]) from None
+        except OSError as exc:
+            raise Unsent(f"{type(exc).__name__}: {exc}", pushes) from None
+        data = b"".join(self.pack(*self.layer.push_command(pushes)))
+        if len(data) > self.max_write:
+            raise Unsent(f"{len(data)} bytes", pushes, usable=True)
+        try:
+            sent = self.socket.send(data)
         except OSError as exc:
             raise Unsent(f"{type(exc).__name__}: {exc}", pushes) from None
         if sent != len(data):
@@ -111,8 +112,6 @@ class DirectPush:
         the server became a replica) is raised back (`Unsent`) with the others refused, to go
         another way: a new connection loads the script, and finds the master through the
         Sentinels."""
-        import hiredis
-
         refused: list[tuple[str, dict[str, Any]]] = []
         refused_reason = ""
         while True:
@@ -181,13 +180,13 @@ class Publisher:
     host), and sends only to those, each message one more round trip (`group_send_now` with the
     members it was given). The thread uses plain blocking sockets (the layer's `…_now`
     methods); a channel layer without those gets its own `group_send`, awaited on a loop of
-    this thread. After each batch the thread tries to connect the direct path again (at most
-    every `reconnect_interval` seconds).
+    this thread. While the direct path is down, the thread tries to connect it again every
+    `reconnect_interval` seconds.
     """
 
     reconnect_interval = 1.0  # seconds between two attempts to connect the direct path
-    # Seconds a direct write may take before it fails; the socket is non-blocking once connected,
-    # so this bounds only the connect (made on the publisher's thread).
+    # Seconds the direct path's connect may take (on the publisher's thread); once connected its
+    # socket is non-blocking.
     direct_timeout = 2.0
 
     def __init__(self, alias: str = DEFAULT_CHANNEL_LAYER, direct: bool = True) -> None:

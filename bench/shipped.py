@@ -424,23 +424,28 @@ class _ApiConnection(asyncio.Protocol):
             self.done.set_result(None)
 
 
-async def api_clients(url: str, token: str, seconds: float, clients: int) -> dict[str, Any]:
+async def api_clients(url: str, tokens: list[str], seconds: float, clients: int) -> dict[str, Any]:
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     body = json.dumps({"kind": "demo.noop", "input": {}}).encode()
-    request = (f"POST /api/jobs/ HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Token {token}\r\n"
-               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+    def request(token: str) -> bytes:
+        return (f"POST /api/jobs/ HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Token {token}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
     latencies: list[float] = []
     errors: dict[str, int] = {}
     loop = asyncio.get_running_loop()
     deadline = time.perf_counter() + seconds
     began = time.perf_counter()
     finished = []
-    for _ in range(clients):
+    for index in range(clients):
         done = loop.create_future()
+        own = request(tokens[index % len(tokens)])
         await loop.create_connection(
-            lambda done=done: _ApiConnection(request, deadline, latencies, errors, done), parts.hostname, parts.port)
+            lambda done=done, own=own: _ApiConnection(own, deadline, latencies, errors, done),
+            parts.hostname, parts.port)
         finished.append(done)
     await asyncio.gather(*finished)
     elapsed = time.perf_counter() - began
@@ -448,15 +453,18 @@ async def api_clients(url: str, token: str, seconds: float, clients: int) -> dic
             "per_second": round(len(latencies) / elapsed, 1), **summary_ms(latencies), "errors": errors}
 
 
-def api_phase(shipped: Platform, token: str, seconds: float, clients: int,
+def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int,
               profile_dir: Path | None = None) -> dict[str, Any]:
-    """The clients in a process of their own: their CPU is not the server's GIL."""
+    """The clients in a process of their own: their CPU is not the server's GIL. Each client
+    sends with a token of its own (`client_keys`), as separate integrations do: the per-token
+    rate limit (API_THROTTLE_RATE, 6,000 a minute) is then each client's, not the bench's."""
     cpu_before = shipped.cpu_by_service()
     clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     profile = Profile(shipped, "web", seconds * 0.8, profile_dir)
     # The worker too: here the jobs come one at a time, not in a queued batch.
     profile_worker = Profile(shipped, "worker", seconds * 0.8, profile_dir, name="api_worker")
-    out = subprocess.run([sys.executable, __file__, "--api-client", shipped.url, token, str(seconds), str(clients)],
+    out = subprocess.run([sys.executable, __file__, "--api-client", shipped.url, ",".join(tokens), str(seconds),
+                          str(clients)],
                          cwd=BASE_DIR, capture_output=True, text=True, env=shipped.env)
     if out.returncode:
         raise SystemExit(f"bench: the API clients failed: {out.stderr[-2000:]}")
@@ -479,6 +487,16 @@ def processing_after(job_id: Any, sent: datetime) -> float:
                                                      created_at__gt=sent).first(), 30, "a job's processing event",
                      interval=0.002)
     return (event.created_at - sent).total_seconds() * 1000
+
+
+def client_keys(count: int) -> list[str]:
+    """`count` API keys of the bench's reviewer, one for each API client."""
+    from django.contrib.auth import get_user_model
+
+    from accounts.services import api_token_create
+
+    user = get_user_model().objects.get(username="bench-reviewer")
+    return [api_token_create(user=user, name=f"bench client {index}")[1] for index in range(count)]
 
 
 def watcher_key() -> str:
@@ -715,7 +733,7 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
             result["ratio"] = round(result["platform"]["per_second"] / result["bare"]["per_second"], 3)
             print(f"  ratio         {result['ratio']:8.3f}", flush=True)
         if "api" in phases:
-            result["api"] = api_phase(shipped, token, args.api_seconds, args.clients, args.profile)
+            result["api"] = api_phase(shipped, client_keys(args.clients), args.api_seconds, args.clients, args.profile)
             api = result["api"]
             print(f"  API           {api['per_second']:8.1f} req/s  p50 {api['p50']} ms  p99 {api['p99']} ms  "
                   f"errors {api['errors']}  cpu {api['cpu_seconds']}", flush=True)
@@ -839,11 +857,11 @@ def main() -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--api-client":
-        url, token, seconds, clients = sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+        url, tokens, seconds, clients = sys.argv[2], sys.argv[3].split(","), float(sys.argv[4]), int(sys.argv[5])
         with contextlib.suppress(ImportError):
             import uvloop
 
             uvloop.install()
-        print(json.dumps(asyncio.run(api_clients(url, token, seconds, clients))))
+        print(json.dumps(asyncio.run(api_clients(url, tokens, seconds, clients))))
     else:
         sys.exit(main())

@@ -97,15 +97,18 @@ class LocalFanout:
 
     A job's events come in bursts: a step's end, its progress and the next step's start, a few
     milliseconds apart. Handed out one by one to a crowd, the second and third wait for the whole
-    pass of the first (about 10 µs per follower: 10 ms for a thousand) and then take a pass of
-    their own. So before it hands the first message after a quiet spell to followers whose pass
-    would take at least twice `LIVE_BURST_WINDOW_MS`, the loop waits that long for the rest of
-    the burst and hands everything out in one pass (`Batch`: one write per socket). The first
-    event is then later by the window; the others by much less than the pass they would have
-    waited for. A group with few followers never waits.
+    pass of the first (8–28 µs per follower, by the machine's load: 4–14 ms for 500) and then
+    take a pass of their own. So before it hands the first message after a quiet spell to a
+    crowd, the loop waits for the rest of the burst, and hands everything out in one pass
+    (`Batch`: one write per socket). It waits half the pass it is about to make, at most
+    `LIVE_BURST_WINDOW_MS`: the first event is then later by at most half of what the second
+    would have waited for. A pause under `min_pause` would end before a burst's next event
+    comes, so a group with few followers never waits.
     """
 
     renew_interval = 30.0  # seconds between renewals of this process's group memberships
+    # The shortest pause worth making: the events of a burst come 1-3 ms apart (bench/README.md).
+    min_pause = 1e-3
     # What handing one message to one follower costs, in seconds: measured on this process's own
     # large passes (`_hand_out`), starting from what bench/progress.py measured.
     per_follower = 10e-6
@@ -186,12 +189,14 @@ class LocalFanout:
             return []
 
     def _burst_pause(self, messages: list[dict[str, Any]]) -> float:
-        """Seconds to wait for the rest of a burst before handing `messages` out (see the class)."""
+        """Seconds to wait for the rest of a burst before handing `messages` out: half the pass
+        they are about to take, at most the window; none under `min_pause` (see the class)."""
         window = settings.LIVE_BURST_WINDOW_MS / 1000
         if window <= 0:
             return 0.0
         crowd = sum(len(self.followers.get(group, ())) for group in {m.get("group", "") for m in messages})
-        return window if crowd * self.per_follower >= 2 * window else 0.0
+        pause = min(window, crowd * self.per_follower / 2)
+        return pause if pause >= self.min_pause else 0.0
 
     def _hand_out(self, messages: list[dict[str, Any]]) -> None:
         """Give each group's messages to its followers, in order, synchronously."""

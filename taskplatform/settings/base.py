@@ -407,10 +407,10 @@ LIVE_SLOW_CLIENT_BYTES = env.int("LIVE_SLOW_CLIENT_BYTES", default=256 * 1024)
 # The kernel send buffer of a live websocket, in bytes (0: the kernel's autotuning, up to 4 MB on
 # Linux). Bounded, a client that stops reading is found slow sooner and holds less memory.
 LIVE_SOCKET_SEND_BUFFER = env.int("LIVE_SOCKET_SEND_BUFFER", default=64 * 1024)
-# Milliseconds a web process waits for the rest of a burst of a job's events (a step's end, its
-# progress, the next step's start come over a few milliseconds) before it hands the first one to a
-# crowd of its followers, so that one pass over the crowd carries them all. Only when that pass
-# would take at least twice as long as the wait: a handful of watchers never wait (0: never).
+# The longest a web process waits, in milliseconds, for the rest of a burst of a job's events (a
+# step's end, its progress, the next step's start come over a few milliseconds) before it hands the
+# first one to a crowd of its followers, so that one pass over the crowd carries them all. It waits
+# half the pass it is about to make, up to this; a handful of watchers never waits (0: never).
 LIVE_BURST_WINDOW_MS = env.float("LIVE_BURST_WINDOW_MS", default=5.0)
 # Seconds a websocket ticket (POST /api/ws-tickets/) stays good; at most 60.
 WS_TICKET_TTL = env.int("WS_TICKET_TTL", default=30)

@@ -52,9 +52,25 @@ async def _burst_to(watchers: int, spacing: float = 0.0005) -> list[list[int]]:
 @pytest.fixture
 def large_passes(monkeypatch, settings):
     """A window wide enough for a loaded machine (50 ms), and a pass over 200 followers that
-    counts as 200 ms long, so the window is worth waiting; three followers' pass (3 ms) is not."""
+    counts as 100 ms long, so the whole window is worth waiting; half of three followers' pass
+    (0.75 ms) is under the shortest pause worth making."""
     settings.LIVE_BURST_WINDOW_MS = 50.0
-    monkeypatch.setattr(LocalFanout, "per_follower", 1e-3)
+    monkeypatch.setattr(LocalFanout, "per_follower", 5e-4)
+
+
+@pytest.mark.parametrize(("followers", "per_follower", "pause_ms"), [
+    (500, 8e-6, 2.0),  # a quiet machine: half the 4 ms pass
+    (500, 28e-6, 5.0),  # a loaded one: the 14 ms pass would take more than the window
+    (1000, 8e-6, 4.0),
+    (100, 8e-6, 0.0),  # half a 0.8 ms pass is no pause worth making
+    (1, 1e-3, 0.0),
+])
+def test_the_pause_is_half_the_pass_within_the_window(settings, followers, per_follower, pause_ms):
+    settings.LIVE_BURST_WINDOW_MS = 5.0
+    fanout = LocalFanout()
+    fanout.per_follower = per_follower
+    fanout.followers["job.x"] = {object() for _ in range(followers)}
+    assert fanout._burst_pause([{"group": "job.x"}]) == pytest.approx(pause_ms / 1000)
 
 
 def test_a_crowd_gets_a_burst_in_one_pass(large_passes):

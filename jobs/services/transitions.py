@@ -15,10 +15,11 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, NoReturn
 
+import redis
 from django.db import transaction
 from django.db.models import F, Q
 
-from jobs.broker import dispatch_mark, dispatch_marks_together, dispatch_premark
+from jobs.broker import dispatch_mark, dispatch_marks_together, dispatch_premark, run_message_send
 from jobs.clock import db_now
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import job_update_with_event, one_statement_write
@@ -250,6 +251,12 @@ def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
     producer = getattr(_batch, "producer", None)
     if producer is not None:
         options["producer"] = producer
-    job_run.apply_async(args=[str(job.pk)], **options)
+    try:
+        sent = run_message_send(job_run, str(job.pk), options)
+    except redis.ConnectionError as exc:  # Celery's publish retries, and reconnects (a second copy runs once)
+        logger.warning("job %s: its message went through Celery after %s: %s", job.pk, type(exc).__name__, exc)
+        sent = False
+    if not sent:
+        job_run.apply_async(args=[str(job.pk)], **options)
     dispatch_mark(job.pk, countdown=countdown)  # on its way: the reconciler will not send it again
 

@@ -96,6 +96,7 @@ def test_answers_by_a_function_and_by_named_reviewers():
 def test_nothing_is_sent_to_celery(monkeypatch):
     sent = []
     monkeypatch.setattr("jobs.tasks.job_run.apply_async", lambda *args, **kwargs: sent.append(args))
+    monkeypatch.setattr("jobs.services.transitions.run_message_send", lambda task, job_id, options: sent.append(job_id))
     with pytest.MonkeyPatch.context():
         run_kind("test.fanout", {"noop": 3})
     assert sent == []

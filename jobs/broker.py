@@ -325,21 +325,45 @@ def _captured(task: Any, producer: Any, options: dict[str, Any]) -> _Template | 
     return _Template(key, message)
 
 
-def run_message_send(task: Any, job_id: str, options: dict[str, Any]) -> bool:
-    """Push the `task` message (`jobs.run`) that runs `job_id` with these `apply_async` options
-    (the shadow name, the queue, the time limits), as Celery would have; False when Celery must
-    send it itself (see `_direct_allowed`; a countdown or a producer of a batch are Celery's)."""
+def run_message_render(task: Any, job_id: str, options: dict[str, Any]) -> tuple[str, str] | None:
+    """The Redis key and the text of the `task` message (`jobs.run`) that runs `job_id` with these
+    `apply_async` options (the shadow name, the queue, the time limits), as Celery would have
+    pushed it; None when Celery must send it itself (see `_direct_allowed`; a countdown is
+    Celery's)."""
     if "countdown" in options or "producer" in options or not _direct_allowed(task):
-        return False
+        return None
     shape = (os.getpid(), task.name, tuple(sorted(options.items())))
     template = _templates.get(shape, False)
-    if template is None:
-        return False
-    with task.app.producer_or_acquire() as producer:
-        if template is False:
+    if template is False:
+        with task.app.producer_or_acquire() as producer:
             template = _templates[shape] = _captured(task, producer, options)
-            if template is None:
-                return False
-        with producer.channel.conn_or_acquire() as client:
-            client.lpush(template.channel_key, template.render(job_id, str(uuid.uuid4()), str(uuid.uuid4())))
+    if template is None:
+        return None
+    return template.channel_key, template.render(job_id, str(uuid.uuid4()), str(uuid.uuid4()))
+
+
+def run_message_send(task: Any, job_id: str, options: dict[str, Any]) -> bool:
+    """Push the message `run_message_render` gives; False, having sent nothing, when Celery
+    must send it itself."""
+    message = run_message_render(task, job_id, options)
+    if message is None:
+        return False
+    run_messages_push(task, [message])
     return True
+
+
+def run_messages_push(task: Any, messages: list[tuple[str, str]]) -> None:
+    """Push rendered messages, in order, with kombu's client of `task`'s broker: one LPUSH per
+    key and thousand messages, all in one round trip."""
+    by_key: dict[str, list[str]] = {}
+    for key, text in messages:
+        by_key.setdefault(key, []).append(text)
+    with task.app.producer_or_acquire() as producer, producer.channel.conn_or_acquire() as client:
+        if len(messages) == 1:
+            client.lpush(*messages[0])
+            return
+        with client.pipeline(transaction=False) as pipe:
+            for key, texts in by_key.items():
+                for start in range(0, len(texts), 1000):
+                    pipe.lpush(key, *texts[start:start + 1000])
+            pipe.execute()

@@ -19,7 +19,14 @@ import redis
 from django.db import transaction
 from django.db.models import F, Q
 
-from jobs.broker import dispatch_mark, dispatch_marks_together, dispatch_premark, run_message_send
+from jobs.broker import (
+    dispatch_mark,
+    dispatch_marks_together,
+    dispatch_premark,
+    run_message_render,
+    run_message_send,
+    run_messages_push,
+)
 from jobs.clock import db_now
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import job_update_with_event, one_statement_write
@@ -195,9 +202,10 @@ def jobs_dispatch(jobs: list[Job]) -> None:
 
 @contextmanager
 def dispatch_batch() -> Iterator[None]:
-    """Inside, `job_dispatch` publishes through one Celery producer, taken from the pool once,
-    into kombu's publish batch: the messages go to Redis together, in one pipeline per thousand,
-    instead of one round trip each. Their dispatch marks are held (`dispatch_marks_together`)
+    """Inside, `job_dispatch` renders each message from its template (`run_message_render`)
+    and they are pushed together at the end, in one round trip; a message Celery must send
+    itself goes through one Celery producer, taken from the pool once, into kombu's publish
+    batch (one pipeline per thousand). Their dispatch marks are held (`dispatch_marks_together`)
     and written after the batch, in one pipeline too, and only once it went out: a batch that
     fails (the exception propagates) leaves its jobs' early marks (`dispatch_premark`, a
     precondition) to expire, and the reconciler sends them again. A message of a failed batch
@@ -212,11 +220,15 @@ def dispatch_batch() -> Iterator[None]:
             logger.warning("no producer for a batch of dispatches: %s: %s", type(exc).__name__, exc)
             stack.close()
             producer = None
-        _batch.producer = producer
+        _batch.producer, _batch.rendered = producer, []
         try:
             yield
+            if _batch.rendered:  # inside the held marks: a push that fails writes none
+                from jobs.tasks import job_run  # the tasks module imports the services: bind late
+
+                run_messages_push(job_run, _batch.rendered)
         finally:
-            _batch.producer = None
+            _batch.producer = _batch.rendered = None
 
 
 def _pooled_producer() -> AbstractContextManager:
@@ -248,15 +260,22 @@ def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
         options["time_limit"] = job_kind.time_limit + 60
     if countdown:
         options["countdown"] = countdown
-    producer = getattr(_batch, "producer", None)
-    if producer is not None:
-        options["producer"] = producer
+    rendered = getattr(_batch, "rendered", None)
     try:
-        sent = run_message_send(job_run, str(job.pk), options)
+        if rendered is not None:  # in a batch: pushed with the batch's others, at its end
+            message = run_message_render(job_run, str(job.pk), options)
+            if message is not None:
+                rendered.append(message)
+            sent = message is not None
+        else:
+            sent = run_message_send(job_run, str(job.pk), options)
     except redis.ConnectionError as exc:  # Celery's publish retries, and reconnects (a second copy runs once)
         logger.warning("job %s: its message went through Celery after %s: %s", job.pk, type(exc).__name__, exc)
         sent = False
     if not sent:
+        producer = getattr(_batch, "producer", None)
+        if producer is not None:
+            options["producer"] = producer
         job_run.apply_async(args=[str(job.pk)], **options)
     dispatch_mark(job.pk, countdown=countdown)  # on its way: the reconciler will not send it again
 

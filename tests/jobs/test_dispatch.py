@@ -4,6 +4,7 @@ its back-off ends, and a broker that lost its data gets every pending job's mess
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -190,7 +191,31 @@ def test_a_message_lost_between_the_queue_and_the_worker_is_sent_again_once_noth
 
 
 @pytest.mark.django_db
-def test_a_batchs_messages_go_out_through_one_producer_and_each_reaches_the_broker(django_capture_on_commit_callbacks):
+def test_a_batchs_messages_go_out_from_templates_and_each_reaches_the_broker(django_capture_on_commit_callbacks):
+    forget_every_message()
+    from jobs.tasks import job_run
+
+    through_celery = []
+    real = job_run.apply_async
+
+    def recording(*args, **kwargs):
+        through_celery.append(kwargs.get("producer"))
+        return real(*args, **kwargs)
+
+    with mock.patch.object(job_run, "apply_async", side_effect=recording):
+        with django_capture_on_commit_callbacks(execute=True):
+            jobs_submit_many(kind="demo.noop", inputs=[{}] * 5)
+    # At most one: the template's capture, which pushes nothing itself (tests/test_run_messages.py).
+    assert len(through_celery) <= 1
+    assert job_messages() == 5
+    # A single submit's message goes out on its own.
+    with django_capture_on_commit_callbacks(execute=True):
+        job_submit(kind="demo.noop", input={})
+    assert job_messages() == 6
+
+
+@pytest.mark.django_db
+def test_a_batch_of_messages_celery_must_send_goes_through_one_producer(django_capture_on_commit_callbacks):
     forget_every_message()
     from jobs.tasks import job_run
 
@@ -201,17 +226,13 @@ def test_a_batchs_messages_go_out_through_one_producer_and_each_reaches_the_brok
         producers.append(kwargs.get("producer"))
         return real(*args, **kwargs)
 
-    with mock.patch.object(job_run, "apply_async", side_effect=recording):
+    with mock.patch("jobs.services.transitions.run_message_render", return_value=None), \
+            mock.patch.object(job_run, "apply_async", side_effect=recording):
         with django_capture_on_commit_callbacks(execute=True):
             jobs_submit_many(kind="demo.noop", inputs=[{}] * 5)
     assert len(producers) == 5 and producers[0] is not None
     assert all(producer is producers[0] for producer in producers), "a producer per message"
     assert job_messages() == 5
-    # A single submit's message goes out on its own (from a template of Celery's own message:
-    # tests/test_run_messages.py).
-    with django_capture_on_commit_callbacks(execute=True):
-        job_submit(kind="demo.noop", input={})
-    assert job_messages() == 6
 
 
 @pytest.mark.django_db
@@ -242,16 +263,25 @@ def test_a_batchs_messages_reach_the_broker_together_when_the_batch_ends(django_
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("through", ["templates", "celery"])
 def test_a_batch_that_does_not_reach_the_broker_leaves_its_jobs_to_the_reconciler(
-    django_capture_on_commit_callbacks, settings, caplog
+    django_capture_on_commit_callbacks, settings, caplog, through
 ):
     from kombu.exceptions import BatchPublishError
 
     forget_every_message()
     jobs_redispatch_stale(grace=120)  # the broker is known (its epoch is set)
     settings.JOBS_DISPATCH_GRACE = 0.5
-    failed = BatchPublishError("Redis publish batch failed; delivery is uncertain")
-    with mock.patch("kombu.transport.redis.PublishBatch.flush", side_effect=failed):
+    with contextlib.ExitStack() as failing:
+        if through == "templates":
+            failing.enter_context(mock.patch("jobs.broker.RedisChannel.conn_or_acquire",
+                                             side_effect=redis.ConnectionError("Redis went away")))
+            failing.enter_context(mock.patch("jobs.services.transitions.run_message_render",
+                                             side_effect=lambda task, job_id, options: ("jobs", job_id)))
+        else:
+            failing.enter_context(mock.patch("jobs.services.transitions.run_message_render", return_value=None))
+            failed = BatchPublishError("Redis publish batch failed; delivery is uncertain")
+            failing.enter_context(mock.patch("kombu.transport.redis.PublishBatch.flush", side_effect=failed))
         with django_capture_on_commit_callbacks(execute=True):
             jobs = jobs_submit_many(kind="demo.noop", inputs=[{}] * 3)
     assert job_messages() == 0

@@ -256,10 +256,11 @@ def broker_lost_its_data() -> bool:
 # protocol-2 headers, `saferepr` of the arguments, kombu's producer and exchange lookup): a tenth
 # of a web process's CPU per `POST /api/jobs/` (bench/README.md). Every `jobs.run` message with
 # the same queue, shadow name and time limits differs only in its ids, so the first one of each
-# such shape in a process is published by Celery itself, and captured on its way to Redis as a
-# template; the next ones are that template with their own ids, pushed onto the same key with
-# the same client kombu would use (its key prefix, its Sentinels). Anything that could make a
-# message differ from the template sends it through Celery instead (`_direct_allowed`).
+# such shape in a process is built by Celery itself and taken from kombu's channel at the last
+# step before Redis, as a template. That message and the next ones are the template with their
+# own ids, pushed onto the same key with the client kombu would use (its key prefix, its
+# Sentinels); a batch's go in one round trip. Anything that could make a message differ from
+# the template sends it through Celery instead (`_direct_allowed`).
 
 # Placeholders for the ids of a captured message (no two share a substring).
 _TEMPLATE_TASK_ID = "5ea7ba5e-0000-4000-8000-000000000001"

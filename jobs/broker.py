@@ -37,6 +37,8 @@ import redis
 from django.conf import settings
 from kombu.transport.redis import Channel as RedisChannel
 
+from jobs.redis_clients import redis_client
+
 logger = logging.getLogger(__name__)
 
 _clients: dict[int, redis.Redis] = {}
@@ -46,7 +48,9 @@ def _client() -> redis.Redis:
     """This process's client of the broker's Redis (a new one after a fork)."""
     client = _clients.get(os.getpid())
     if client is None:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        # Through the Sentinels when REDIS_URL names them: `redis.Redis.from_url` refuses a
+        # `sentinel://` URL, and every mark and every reconciler pass failed with it.
+        client = redis_client(socket_timeout=2, socket_connect_timeout=2)
         _clients.clear()
         _clients[os.getpid()] = client
     return client

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import pytest
 import redis
@@ -59,6 +60,23 @@ def test_a_platform_client_follows_the_master_through_the_sentinels(sentinel_clu
             await client.aclose()
 
     assert asyncio.run(asyncio_client_on_the_new_master())
+
+
+def test_the_dispatch_marks_and_the_reconcilers_reads_go_through_the_sentinels(sentinel_cluster, settings,
+                                                                              monkeypatch):
+    """`jobs.broker`'s own client: with a sentinel:// REDIS_URL every mark and every reconciler
+    pass failed (`redis.Redis.from_url` refuses the scheme), so a message lost in a failover
+    was never sent again."""
+    from jobs import broker
+
+    settings.REDIS_URL = sentinel_cluster.url
+    monkeypatch.setattr(broker, "_clients", {})
+    job_id = uuid.uuid4()
+    broker.dispatch_mark(job_id)
+    assert broker.dispatch_marked([job_id, uuid.uuid4()]) == {job_id}
+    assert broker.job_messages() == 0
+    broker.broker_lost_its_data()  # reads and writes the broker's epoch: no error
+    assert broker._client().connection_pool.__class__.__name__ == "SentinelConnectionPool"
 
 
 def test_a_batch_of_messages_reaches_the_master_through_the_sentinels(sentinel_cluster):

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
+from celery import signals
 from django.conf import settings
 from kombu.transport.redis import Channel as RedisChannel
 
@@ -298,8 +299,6 @@ def _direct_allowed(task: Any) -> bool:
     task-sent events on, not from inside a worker's task (Celery then names the parent and root
     task in the message), and with nobody listening to Celery's publish signals (a tracer that
     adds its headers to each message)."""
-    from celery import signals
-
     app = task.app
     conf = app.conf
     return not (conf.task_always_eager or conf.task_send_sent_event or app.current_worker_task is not None
@@ -360,13 +359,13 @@ def run_message_send(task: Any, job_id: str, options: dict[str, Any]) -> bool:
 def run_messages_push(task: Any, messages: list[tuple[str, str]]) -> None:
     """Push rendered messages, in order, with kombu's client of `task`'s broker: one LPUSH per
     key and thousand messages, all in one round trip."""
-    by_key: dict[str, list[str]] = {}
-    for key, text in messages:
-        by_key.setdefault(key, []).append(text)
     with task.app.producer_or_acquire() as producer, producer.channel.conn_or_acquire() as client:
         if len(messages) == 1:
             client.lpush(*messages[0])
             return
+        by_key: dict[str, list[str]] = {}
+        for key, text in messages:
+            by_key.setdefault(key, []).append(text)
         with client.pipeline(transaction=False) as pipe:
             for key, texts in by_key.items():
                 for start in range(0, len(texts), 1000):

@@ -190,19 +190,26 @@ def test_a_message_lost_between_the_queue_and_the_worker_is_sent_again_once_noth
         forget_every_message()
 
 
-@pytest.mark.django_db
-def test_a_batchs_messages_go_out_from_templates_and_each_reaches_the_broker(django_capture_on_commit_callbacks):
-    forget_every_message()
+@contextlib.contextmanager
+def producers_of_apply_async():
+    """The producer of each `jobs.run` message sent through Celery's `apply_async`, in order."""
     from jobs.tasks import job_run
 
-    through_celery = []
+    producers = []
     real = job_run.apply_async
 
     def recording(*args, **kwargs):
-        through_celery.append(kwargs.get("producer"))
+        producers.append(kwargs.get("producer"))
         return real(*args, **kwargs)
 
     with mock.patch.object(job_run, "apply_async", side_effect=recording):
+        yield producers
+
+
+@pytest.mark.django_db
+def test_a_batchs_messages_go_out_from_templates_and_each_reaches_the_broker(django_capture_on_commit_callbacks):
+    forget_every_message()
+    with producers_of_apply_async() as through_celery:
         with django_capture_on_commit_callbacks(execute=True):
             jobs_submit_many(kind="demo.noop", inputs=[{}] * 5)
     # At most one: the template's capture, which pushes nothing itself (tests/test_run_messages.py).
@@ -217,17 +224,8 @@ def test_a_batchs_messages_go_out_from_templates_and_each_reaches_the_broker(dja
 @pytest.mark.django_db
 def test_a_batch_of_messages_celery_must_send_goes_through_one_producer(django_capture_on_commit_callbacks):
     forget_every_message()
-    from jobs.tasks import job_run
-
-    producers = []
-    real = job_run.apply_async
-
-    def recording(*args, **kwargs):
-        producers.append(kwargs.get("producer"))
-        return real(*args, **kwargs)
-
     with mock.patch("jobs.services.transitions.run_message_render", return_value=None), \
-            mock.patch.object(job_run, "apply_async", side_effect=recording):
+            producers_of_apply_async() as producers:
         with django_capture_on_commit_callbacks(execute=True):
             jobs_submit_many(kind="demo.noop", inputs=[{}] * 5)
     assert len(producers) == 5 and producers[0] is not None

@@ -65,18 +65,32 @@ def _prefix() -> str:
     return _options().get("global_keyprefix", "")
 
 
+def _mark_name(job_id: Any) -> str:
+    return f"jobs:sent:{job_id}"
+
+
 def mark_key(job_id: Any) -> str:
-    return f"{_prefix()}jobs:sent:{job_id}"
+    return f"{_prefix()}{_mark_name(job_id)}"
 
 
 # Marks held back to be written together (`dispatch_marks_together`), per thread.
 _held_marks = threading.local()
 
 
+def _mark_ttl(countdown: float | None) -> int:
+    return max(int(settings.JOBS_DISPATCH_MARK_TTL + (countdown or 0)), 1)
+
+
+def dispatch_marks_held() -> bool:
+    """Whether this thread holds its dispatch marks back (`dispatch_marks_together`)."""
+    return getattr(_held_marks, "marks", None) is not None
+
+
 def dispatch_mark(job_id: Any, *, countdown: float | None = None) -> None:
     """Record that `job_id`'s message was just published (it is on its way, maybe delayed by
-    `countdown` seconds)."""
-    ttl = max(int(settings.JOBS_DISPATCH_MARK_TTL + (countdown or 0)), 1)
+    `countdown` seconds). A message pushed from its template takes its mark along instead
+    (`run_message_send`'s `mark`): the same round trip."""
+    ttl = _mark_ttl(countdown)
     held = getattr(_held_marks, "marks", None)
     if held is not None:
         held.append((job_id, ttl))
@@ -346,13 +360,28 @@ def run_message_render(task: Any, job_id: str, options: dict[str, Any]) -> tuple
     return template.channel_key, template.render(job_id, str(uuid.uuid4()), str(uuid.uuid4()))
 
 
-def run_message_send(task: Any, job_id: str, options: dict[str, Any]) -> bool:
+def run_message_send(task: Any, job_id: str, options: dict[str, Any], *, mark: bool = False) -> bool:
     """Push the message `run_message_render` gives; False, having sent nothing, when Celery
-    must send it itself."""
+    must send it itself. With `mark`, the job's dispatch mark (`dispatch_mark`) goes in the same
+    round trip, written after the message: a mark never vouches for a message Redis refused, and
+    a mark Redis refused is logged, as `dispatch_mark` does (the reconciler then sends the job
+    once more after the dispatch grace)."""
     message = run_message_render(task, job_id, options)
     if message is None:
         return False
-    run_messages_push(task, [message])
+    if not mark:
+        run_messages_push(task, [message])
+        return True
+    with task.app.producer_or_acquire() as producer, producer.channel.conn_or_acquire() as client:
+        with client.pipeline(transaction=False) as pipe:
+            pipe.lpush(*message)
+            # kombu's client puts its key prefix on SET as on LPUSH: the key is `mark_key`'s.
+            pipe.set(_mark_name(job_id), "1", ex=_mark_ttl(None))
+            pushed, marked = pipe.execute(raise_on_error=False)
+    if isinstance(pushed, Exception):
+        raise pushed
+    if isinstance(marked, Exception):
+        logger.warning("could not mark the dispatch of job %s: %s", job_id, marked)
     return True
 
 

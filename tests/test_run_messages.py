@@ -96,3 +96,56 @@ def test_flowers_task_sent_events_are_celerys(queue):
 def test_inside_a_workers_task_celery_names_the_parent(queue, monkeypatch):
     monkeypatch.setattr(type(app), "current_worker_task", property(lambda self: object()))
     assert not broker.run_message_send(job_run, str(uuid.uuid4()), {"queue": queue})
+
+
+def round_trips(monkeypatch) -> list[bytes]:
+    """Every write of commands to a Redis socket from now on (a pipeline is one)."""
+    from redis.connection import AbstractConnection
+
+    writes: list[bytes] = []
+    send = AbstractConnection.send_packed_command
+
+    def counting(self, command, *args, **kwargs):
+        writes.append(command)
+        return send(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    return writes
+
+
+def test_a_message_takes_its_dispatch_mark_along_in_the_same_round_trip(queue, monkeypatch, settings):
+    options = {"queue": queue}
+    broker.run_message_send(job_run, str(uuid.uuid4()), options)  # the template is captured first
+    job_id = str(uuid.uuid4())
+    writes = round_trips(monkeypatch)
+    assert broker.run_message_send(job_run, job_id, options, mark=True)
+    assert len(writes) == 1, writes
+    monkeypatch.undo()
+    assert [normalised(m, job_id)["body"][0] for m in pushed(queue)[1:]] == [["JOB"]]
+    # Under kombu's key prefix as the reconciler reads it (the suite's settings have one).
+    assert settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"]
+    assert broker.dispatch_marked([job_id]) == {job_id}
+    ttl = settings.JOBS_DISPATCH_MARK_TTL
+    assert ttl - 2 <= broker._client().ttl(broker.mark_key(job_id)) <= ttl
+
+
+def test_a_mark_redis_refuses_is_logged_and_the_message_still_goes(queue, monkeypatch, caplog):
+    monkeypatch.setattr(broker, "_mark_ttl", lambda countdown: -1)  # SET … EX -1: Redis refuses it
+    job_id = str(uuid.uuid4())
+    assert broker.run_message_send(job_run, job_id, {"queue": queue}, mark=True)
+    assert len(pushed(queue)) == 1
+    assert broker.dispatch_marked([job_id]) == set()
+    assert f"could not mark the dispatch of job {job_id}" in caplog.text
+
+
+@pytest.mark.django_db
+def test_a_dispatch_from_a_template_writes_its_mark_with_the_message(monkeypatch):
+    from jobs.models import Job
+    from jobs.services import transitions
+
+    job = Job.objects.create(kind="demo.noop", input={})
+    transitions.job_dispatch(job=job)  # the template of this shape, if this process has none yet
+    broker._client().delete(broker.mark_key(job.pk))
+    monkeypatch.setattr(transitions, "dispatch_mark", lambda *args, **kwargs: pytest.fail("a second round trip"))
+    transitions.job_dispatch(job=job)
+    assert broker.dispatch_marked([job.pk]) == {job.pk}

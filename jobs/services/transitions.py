@@ -21,6 +21,7 @@ from django.db.models import F, Q
 
 from jobs.broker import (
     dispatch_mark,
+    dispatch_marks_held,
     dispatch_marks_together,
     dispatch_premark,
     run_message_render,
@@ -261,6 +262,7 @@ def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
     if countdown:
         options["countdown"] = countdown
     rendered = getattr(_batch, "rendered", None)
+    marked = False
     try:
         if rendered is not None:  # in a batch: pushed with the batch's others, at its end
             message = run_message_render(job_run, str(job.pk), options)
@@ -268,7 +270,10 @@ def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
                 rendered.append(message)
             sent = message is not None
         else:
-            sent = run_message_send(job_run, str(job.pk), options)
+            # Its dispatch mark in the message's round trip, unless a batch holds the marks back.
+            mark = not dispatch_marks_held()
+            sent = run_message_send(job_run, str(job.pk), options, mark=mark)
+            marked = sent and mark
     except redis.ConnectionError as exc:  # Celery's publish retries, and reconnects (a second copy runs once)
         logger.warning("job %s: its message went through Celery after %s: %s", job.pk, type(exc).__name__, exc)
         sent = False
@@ -277,5 +282,6 @@ def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
         if producer is not None:
             options["producer"] = producer
         job_run.apply_async(args=[str(job.pk)], **options)
-    dispatch_mark(job.pk, countdown=countdown)  # on its way: the reconciler will not send it again
+    if not marked:
+        dispatch_mark(job.pk, countdown=countdown)  # on its way: the reconciler will not send it again
 

@@ -123,6 +123,8 @@ class Platform:
         root = psutil.Process(self.proc.pid)
         times = root.cpu_times()
         found: dict[str, float] = {"supervisor": times.user + times.system, "postgres": 0.0, "redis": 0.0}
+        # Each process's own CPU and its ended children's (`spent`): a pool process replaced after
+        # WORKER_MAX_TASKS_PER_CHILD jobs, a closed connection's PostgreSQL backend.
         # The servers' CPU, every process of them on this machine (another user of the same
         # servers would count too: run the bench on a quiet machine).
         for process in psutil.process_iter(["name"]):
@@ -130,8 +132,7 @@ class Platform:
             key = "postgres" if name.startswith("postgres") else "redis" if name.startswith("redis-server") else None
             if key:
                 try:
-                    server = process.cpu_times()
-                    found[key] += server.user + server.system
+                    found[key] += spent(process.cpu_times())
                 except psutil.NoSuchProcess:
                     continue
         for child in root.children(recursive=False):
@@ -139,7 +140,7 @@ class Platform:
                 argv = child.cmdline()
                 name = service_name(argv)
                 times = [child.cpu_times(), *[c.cpu_times() for c in child.children(recursive=True)]]
-                found[name] = found.get(name, 0.0) + sum(t.user + t.system for t in times)
+                found[name] = found.get(name, 0.0) + sum(spent(t) for t in times)
             except psutil.NoSuchProcess:
                 continue
         return found
@@ -227,6 +228,8 @@ class Profile:
         samples = 0
         for line in self.path.read_text().splitlines():
             stack, _, n = line.rpartition(" ")
+            if not n.isdigit():  # a frame's name that held a line break (a psycopg `PREPARE` comment)
+                continue
             samples += int(n)
             for frame in {f.split(" (")[0] + " (" + f.rsplit("/", 1)[-1].split(":")[0] if " (" in f else f
                           for f in stack.split(";")[1:]}:
@@ -242,12 +245,18 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 # --- Phases ------------------------------------------------------------------------------------------
 
 
+def spent(times: Any) -> float:
+    """A process's CPU seconds from psutil's `cpu_times()`: its own and those of its children that
+    ended and were waited for (live children count on their own, once)."""
+    return times.user + times.system + times.children_user + times.children_system
+
+
 def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of process `pid` and its children so far."""
+    """CPU seconds of process `pid` and its children so far, ended ones included."""
     import psutil
 
     tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    return round(sum(t.user + t.system for t in (p.cpu_times() for p in tree)), 2)
+    return round(sum(spent(p.cpu_times()) for p in tree), 2)
 
 
 @contextlib.contextmanager
@@ -290,9 +299,11 @@ def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
                 "enqueue_seconds": round(enqueued, 3), "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid)}
 
 
-def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
-    """bare Celery plus the platform's own SQL per job (bench/bare_durable.py), until the bench's
-    copy of the jobs table says all N are completed."""
+@contextlib.contextmanager
+def durable_worker(concurrency: int, redis_url: str) -> Iterator[tuple[subprocess.Popen, Any, Any]]:
+    """The bare + SQL worker (bench/bare_durable.py) running, with the bench's copies of the
+    platform's tables and the two statements taken from the platform: yields the worker, a
+    connection, and a function counting the completed jobs. The tables go at the end."""
     import psycopg
 
     from bench import bare_durable
@@ -315,20 +326,29 @@ def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
             bare_durable.submit(conn, 1)
             wait_for(lambda: completed() >= 1, 60, "the durable baseline's first job")
             conn.execute(f"TRUNCATE {bare_durable.EVENTS}, {bare_durable.JOBS}")
-            since = datetime.now(UTC)
-            started = time.perf_counter()
-            bare_durable.submit(conn, count)
-            submitted = time.perf_counter() - started
-            wait_for(lambda: completed() >= count, 600, f"{count} durable baseline jobs", interval=0.25)
-            seconds = time.perf_counter() - started
-            first, last = conn.execute(f"SELECT min(started_at), max(finished_at) FROM {bare_durable.JOBS}").fetchone()
-            return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
-                    "submit_seconds": round(submitted, 3), **drain_figures(count, since, first, last),
-                    "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
-                    "statements": json.loads(statements_path.read_text())}
+            yield worker, conn, completed
     finally:
         conn.execute(f"DROP TABLE IF EXISTS {bare_durable.EVENTS}, {bare_durable.JOBS}")
         conn.close()
+
+
+def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
+    """bare Celery plus the platform's own SQL per job (bench/bare_durable.py), until the bench's
+    copy of the jobs table says all N are completed."""
+    from bench import bare_durable
+
+    with durable_worker(concurrency, redis_url) as (worker, conn, completed):
+        since = datetime.now(UTC)
+        started = time.perf_counter()
+        bare_durable.submit(conn, count)
+        submitted = time.perf_counter() - started
+        wait_for(lambda: completed() >= count, 600, f"{count} durable baseline jobs", interval=0.25)
+        seconds = time.perf_counter() - started
+        first, last = conn.execute(f"SELECT min(started_at), max(finished_at) FROM {bare_durable.JOBS}").fetchone()
+        return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
+                "submit_seconds": round(submitted, 3), **drain_figures(count, since, first, last),
+                "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
+                "statements": json.loads((BASE_DIR / "var" / "bench-durable-statements.json").read_text())}
 
 
 def drain_figures(count: int, since: datetime, first: datetime | None, last: datetime | None) -> dict[str, Any]:
@@ -424,14 +444,15 @@ class _ApiConnection(asyncio.Protocol):
             self.done.set_result(None)
 
 
-async def api_clients(url: str, tokens: list[str], seconds: float, clients: int) -> dict[str, Any]:
+async def api_clients(url: str, tokens: list[str], seconds: float, clients: int,
+                      path: str = "/api/jobs/") -> dict[str, Any]:
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     body = json.dumps({"kind": "demo.noop", "input": {}}).encode()
 
     def request(token: str) -> bytes:
-        return (f"POST /api/jobs/ HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Token {token}\r\n"
+        return (f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Token {token}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
 
     latencies: list[float] = []
@@ -463,12 +484,7 @@ def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int
     profile = Profile(shipped, "web", seconds * 0.8, profile_dir)
     # The worker too: here the jobs come one at a time, not in a queued batch.
     profile_worker = Profile(shipped, "worker", seconds * 0.8, profile_dir, name="api_worker")
-    out = subprocess.run([sys.executable, __file__, "--api-client", shipped.url, ",".join(tokens), str(seconds),
-                          str(clients)],
-                         cwd=BASE_DIR, capture_output=True, text=True, env=shipped.env)
-    if out.returncode:
-        raise SystemExit(f"bench: the API clients failed: {out.stderr[-2000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = api_clients_run(shipped.url, tokens, seconds, clients, shipped.env)
     clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result["cpu_seconds"] = cpu_delta(cpu_before, shipped.cpu_by_service())
     # The load generator's own CPU: on one machine it competes with the server for the cores.
@@ -477,6 +493,56 @@ def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int
     result["profile_web"] = profile.top()
     result["profile_worker"] = profile_worker.top()
     return result
+
+
+def api_clients_run(url: str, tokens: list[str], seconds: float, clients: int, env: dict[str, str],
+                    path: str = "/api/jobs/") -> dict[str, Any]:
+    """`api_clients` in a process of their own (their CPU is not the server's GIL): its figures."""
+    out = subprocess.run([sys.executable, __file__, "--api-client", url, ",".join(tokens), str(seconds), str(clients),
+                          path], cwd=BASE_DIR, capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise SystemExit(f"bench: the API clients failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def api_floor_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int, concurrency: int,
+                    redis_url: str) -> dict[str, Any]:
+    """The API's floor, beside the platform's (still running, idle): `POST /bench/floor/`
+    (bench/api_urls.py: the API's authentication, throttle, parser and renderer, one INSERT of the
+    job and its event, Celery's message) served by `make run`'s web command line with the bench's
+    URLconf, as many processes, while the bare + SQL worker runs the platform's two statements for
+    each submitted job, as the platform's worker runs them in the API phase."""
+    from devtools.supervisor import build_services
+
+    drained()  # the platform's worker done with the API phase's jobs: its CPU is not in this figure
+    with durable_worker(concurrency, redis_url) as (worker, _conn, completed):
+        port = free_port()
+        env = {**shipped.env, "DJANGO_SETTINGS_MODULE": "bench.api_settings", "PORT": str(port),
+               "BARE_CELERY_BROKER": redis_url}
+        web = next(service for service in build_services(env) if service.name == "web")
+        server = subprocess.Popen(web.argv, cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_for(lambda: port_answers(port), 60, "the floor's web server")
+            api_clients_run(url, tokens, 2.0, clients, env, "/bench/floor/")  # each process's first requests
+            server_before, worker_before = tree_cpu_seconds(server.pid), tree_cpu_seconds(worker.pid)
+            done_before = completed()
+            result = api_clients_run(url, tokens, seconds, clients, env, "/bench/floor/")
+            result["cpu_seconds"] = {"web": round(tree_cpu_seconds(server.pid) - server_before, 2),
+                                     "worker": round(tree_cpu_seconds(worker.pid) - worker_before, 2)}
+            result["jobs_run_during"] = completed() - done_before
+            return result
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+
+
+def port_answers(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def processing_after(job_id: Any, sent: datetime) -> float:
@@ -737,6 +803,13 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
             api = result["api"]
             print(f"  API           {api['per_second']:8.1f} req/s  p50 {api['p50']} ms  p99 {api['p99']} ms  "
                   f"errors {api['errors']}  cpu {api['cpu_seconds']}", flush=True)
+        if "api-floor" in phases:
+            result["api_floor"] = api_floor_phase(shipped, client_keys(args.clients), args.api_seconds, args.clients,
+                                                  worker_concurrency, os.environ["REDIS_URL"])
+            floor = result["api_floor"]
+            print(f"  API floor     {floor['per_second']:8.1f} req/s  p50 {floor['p50']} ms  p99 {floor['p99']} ms  "
+                  f"errors {floor['errors']}  cpu {floor['cpu_seconds']}  (bare DRF + one INSERT + Celery's message, "
+                  f"the bare + SQL worker running them: {floor['jobs_run_during']} run)", flush=True)
         watcher = watcher_key() if phases & {"answer", "wake"} else ""
         if "answer" in phases:
             result["answer_to_processing_ms"] = answer_phase(shipped, token, watcher, args.resumes, args.profile)
@@ -772,8 +845,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| the substrate's floor: bare Celery + the platform's two statements per job "
                      f"({first['durable']['count']}) | {durable}/s{share} | {ours} | — |")
     if "api" in first:
-        api = first["api"]
-        lines.append(f"| `POST /api/jobs/`, {result['clients']} clients | — | **{api['per_second']}/s**, p50 "
+        api, floor = first["api"], first.get("api_floor")
+        baseline = (f"the floor (bare DRF view + one INSERT + Celery's message; bare + SQL worker): "
+                    f"{floor['per_second']}/s, p50 {floor['p50']} ms, p99 {floor['p99']} ms") if floor else "—"
+        lines.append(f"| `POST /api/jobs/`, {result['clients']} clients | {baseline} | **{api['per_second']}/s**, p50 "
                      f"{api['p50']} ms, p99 {api['p99']} ms | ≥ {AIMS['api_per_second']}/s, p99 ≤ "
                      f"{AIMS['api_p99_ms']} ms |")
     for key, title, aim in (("answer_to_processing_ms", "answer POST → processing event on the job's websocket",
@@ -806,7 +881,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--resumes", type=int, default=100, help="jobs answered, and jobs woken, one at a time")
     parser.add_argument("--concurrency", type=int, default=2, help="WORKER_CONCURRENCY of the main run")
-    parser.add_argument("--phases", default="bare,durable,platform,api,answer,wake")
+    parser.add_argument("--phases", default="bare,durable,platform,api,api-floor,answer,wake")
     parser.add_argument("--scale", action="store_true",
                         help="also throughput at 1, 2, 4 worker processes and the API at 1, 2, 4 web processes")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
@@ -858,10 +933,11 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--api-client":
         url, tokens, seconds, clients = sys.argv[2], sys.argv[3].split(","), float(sys.argv[4]), int(sys.argv[5])
+        path = sys.argv[6] if len(sys.argv) > 6 else "/api/jobs/"
         with contextlib.suppress(ImportError):
             import uvloop
 
             uvloop.install()
-        print(json.dumps(asyncio.run(api_clients(url, tokens, seconds, clients))))
+        print(json.dumps(asyncio.run(api_clients(url, tokens, seconds, clients, path))))
     else:
         sys.exit(main())

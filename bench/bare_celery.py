@@ -24,3 +24,11 @@ def _redis() -> redis.Redis:
 @app.task(name="bare.noop")
 def noop(done_key: str) -> None:
     _redis().incr(done_key)
+
+
+@app.task(name="bare.stamp")
+def stamp(reply_key: str) -> None:
+    """Say when it started running (this host's clock) on `reply_key`, a list the bench waits on."""
+    import time
+
+    _redis().rpush(reply_key, repr(time.time()))

@@ -332,6 +332,33 @@ def durable_worker(concurrency: int, redis_url: str) -> Iterator[tuple[subproces
         conn.close()
 
 
+def handoff_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
+    """Celery's own hand-off, one message at a time to an idle bare worker (late acks, prefetch 1,
+    the same concurrency): from just before `apply_async` to the task running (its first line,
+    this host's clock). The part of answer→processing and wake→processing that is the substrate's:
+    the platform's message takes the same way from Redis to a pool process."""
+    import redis
+
+    with baseline_worker("bench.bare_celery", "bare", concurrency, redis_url):
+        from bench import bare_celery
+
+        bare_celery.app.conf.broker_url = redis_url
+        client = redis.Redis.from_url(redis_url)
+        key = f"bench:handoff:{uuid.uuid4().hex[:8]}"
+        delays = []
+        for index in range(count + 5):
+            time.sleep(0.02)  # idle between messages, as between two answers
+            sent = time.time()
+            bare_celery.stamp.apply_async(args=[key], queue="bare")
+            reply = client.blpop([key], timeout=30)
+            if reply is None:
+                raise SystemExit("bench: the bare worker ran no stamp task within 30 s")
+            if index >= 5:  # the first ones warm the pool processes
+                delays.append((float(reply[1]) - sent) * 1000)
+        client.delete(key)
+        return summary_ms(delays)
+
+
 def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
     """bare Celery plus the platform's own SQL per job (bench/bare_durable.py), until the bench's
     copy of the jobs table says all N are completed."""
@@ -818,6 +845,10 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
         if "wake" in phases:
             result["wake_to_running_ms"] = wake_phase(shipped, watcher, args.resumes)
             print(f"  wake→running      {result['wake_to_running_ms']}", flush=True)
+        if "handoff" in phases:
+            result["handoff_ms"] = handoff_phase(args.resumes, worker_concurrency, os.environ["REDIS_URL"])
+            print(f"  Celery's hand-off {result['handoff_ms']}  (bare Celery: apply_async → the task running, "
+                  "an idle worker)", flush=True)
     finally:
         from django.db import connections
 
@@ -860,6 +891,11 @@ def markdown(result: dict[str, Any]) -> str:
             written = f" (its row written: p50 {row['p50']}, p99 {row['p99']} ms)" if row else ""
             lines.append(f"| {title} ({first[key]['n']}) | — | p50 {first[key]['p50']} ms, p99 {first[key]['p99']} ms"
                          f"{written} | {aim} |")
+    if "handoff_ms" in first:
+        handoff = first["handoff_ms"]
+        lines.append(f"| Celery's hand-off: `apply_async` → the task running on an idle bare worker "
+                     f"({handoff['n']}), the substrate's part of the two above | p50 {handoff['p50']} ms, "
+                     f"p99 {handoff['p99']} ms | — | — |")
     lines.append(f"| RSS of all the platform's processes | — | idle {first['rss_idle_mb']} MB, under load "
                  f"{first.get('platform', {}).get('rss_under_load_mb', '—')} MB | — |")
     if len(result["runs"]) > 1:
@@ -881,7 +917,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--resumes", type=int, default=100, help="jobs answered, and jobs woken, one at a time")
     parser.add_argument("--concurrency", type=int, default=2, help="WORKER_CONCURRENCY of the main run")
-    parser.add_argument("--phases", default="bare,durable,platform,api,api-floor,answer,wake")
+    parser.add_argument("--phases", default="bare,durable,platform,api,api-floor,answer,wake,handoff")
     parser.add_argument("--scale", action="store_true",
                         help="also throughput at 1, 2, 4 worker processes and the API at 1, 2, 4 web processes")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",

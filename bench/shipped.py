@@ -20,12 +20,19 @@ it creates and drops, and a Redis database it flushes. Then, one phase after ano
    while the workers run the jobs they submit: requests/s, p50, p99, and the CPU the clients
    themselves took (pre-encoded requests on keep-alive connections: little, so the cores are
    the server's).
+   **api-floor** — the same clients against `POST /bench/floor/` (bench/api_urls.py), served by
+   `make run`'s web command line with the bench's URLconf while the bare + SQL worker runs each
+   submitted job: the API's authentication, throttle, parser and renderer, one INSERT of the job
+   and its first event, Celery's message. What the substrate (Django, DRF, PostgreSQL, Redis,
+   Celery) gives for a durable submit on this machine, beside the platform's figure.
 5. **answer→processing** — `demo.review` jobs paused on their question; a websocket follows each
    job (`/ws/jobs/{id}/`, a staff user's ticket), which is answered with
    `POST /api/questions/{id}/answer/` and timed until its `processing` event arrives on the socket
    (and, beside it, until the event's row was written: `row_ms`).
 6. **wake→running** — `demo.generate` jobs parked with `drop_callback`; each wake callback is
    POSTed the same way and timed until its `processing` event arrives on the job's websocket.
+7. **handoff** — bare Celery's own hand-off: one message at a time to an idle bare worker, from
+   before `apply_async` to the task's first line. The part of 5 and 6 that is Celery's.
 
 The total RSS of the platform's processes is taken idle and at the end of the platform phase.
 `--scale` repeats the throughput at 1, 2 and 4 worker processes and the API figure at 1, 2 and 4

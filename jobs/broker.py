@@ -363,9 +363,10 @@ def run_message_render(task: Any, job_id: str, options: dict[str, Any]) -> tuple
 def run_message_send(task: Any, job_id: str, options: dict[str, Any], *, mark: bool = False) -> bool:
     """Push the message `run_message_render` gives; False, having sent nothing, when Celery
     must send it itself. With `mark`, the job's dispatch mark (`dispatch_mark`) goes in the same
-    round trip, written after the message: a mark never vouches for a message Redis refused, and
-    a mark Redis refused is logged, as `dispatch_mark` does (the reconciler then sends the job
-    once more after the dispatch grace)."""
+    round trip, after the message. Redis runs both even when it refuses the first, so a refused
+    message has its mark taken back (`dispatch_forget`) before the error is raised: no mark
+    vouches for it. A mark Redis refused is logged, as `dispatch_mark` does (the reconciler then
+    sends the job once more after the dispatch grace)."""
     message = run_message_render(task, job_id, options)
     if message is None:
         return False
@@ -379,6 +380,7 @@ def run_message_send(task: Any, job_id: str, options: dict[str, Any], *, mark: b
             pipe.set(_mark_name(job_id), "1", ex=_mark_ttl(None))
             pushed, marked = pipe.execute(raise_on_error=False)
     if isinstance(pushed, Exception):
+        dispatch_forget(job_id)
         raise pushed
     if isinstance(marked, Exception):
         logger.warning("could not mark the dispatch of job %s: %s", job_id, marked)

@@ -149,3 +149,21 @@ def test_a_dispatch_from_a_template_writes_its_mark_with_the_message(monkeypatch
     monkeypatch.setattr(transitions, "dispatch_mark", lambda *args, **kwargs: pytest.fail("a second round trip"))
     transitions.job_dispatch(job=job)
     assert broker.dispatch_marked([job.pk]) == {job.pk}
+
+
+def test_a_message_redis_refuses_leaves_no_mark_vouching_for_it(queue):
+    import redis
+
+    options = {"queue": queue}
+    broker.run_message_send(job_run, str(uuid.uuid4()), options)  # the template is captured first
+    pushed(queue)
+    with app.producer_or_acquire() as producer, producer.channel.conn_or_acquire() as client:
+        client.set(queue, "not a list")  # LPUSH onto it: WRONGTYPE, and Redis still runs the SET after it
+    job_id = str(uuid.uuid4())
+    try:
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            broker.run_message_send(job_run, job_id, options, mark=True)
+    finally:
+        with app.producer_or_acquire() as producer, producer.channel.conn_or_acquire() as client:
+            client.delete(queue)
+    assert broker.dispatch_marked([job_id]) == set()

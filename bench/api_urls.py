@@ -48,13 +48,10 @@ class FloorSubmit(APIView):
         job_id = uuid.uuid4()
         with connection.cursor() as cursor:
             cursor.execute(
-                f"WITH j AS (INSERT INTO {bare_durable.JOBS} (id, kind, status, input, progress_fraction, "
-                "progress_text, attempts, max_attempts, hand_backs, checkpoint, event_seq, suspended_on, "
-                "feature_rows, worker, task_id, spawn_key, gathering, created_at) VALUES (%s, %s, 'pending', "
-                "%s::jsonb, 0.0, '', 0, 3, 0, '{}'::jsonb, 1, '', false, '', '', NULL, NULL, now()) "
-                "RETURNING id, created_at) "
-                f"INSERT INTO {bare_durable.EVENTS} (job_id, seq, type, step, status, message, created_at) "
-                "SELECT id, 1, 'status', '', 'pending', '{}'::jsonb, created_at FROM j RETURNING created_at",
+                f"WITH j AS (INSERT INTO {bare_durable.JOBS} ({bare_durable.JOB_COLUMNS}) VALUES (%s, %s, "
+                f"'pending', %s::jsonb, {bare_durable.JOB_PENDING_REST}) RETURNING id, created_at) "
+                f"INSERT INTO {bare_durable.EVENTS} ({bare_durable.EVENT_COLUMNS}) "
+                f"SELECT id, {bare_durable.EVENT_FIRST}, created_at FROM j RETURNING created_at",
                 [job_id, body.validated_data["kind"], json.dumps(body.validated_data.get("input", {}))],
             )
             created_at = cursor.fetchone()[0]

@@ -25,6 +25,13 @@ from celery import Celery
 
 JOBS = "bench_durable_job"
 EVENTS = "bench_durable_event"
+# A pending `demo.noop` job's row and first event as `manage.py submit` writes them: the columns,
+# and the values after the job's id, kind, status and input (and after the event's job id).
+JOB_COLUMNS = ("id, kind, status, input, progress_fraction, progress_text, attempts, max_attempts, hand_backs, "
+               "checkpoint, event_seq, suspended_on, feature_rows, worker, task_id, spawn_key, gathering, created_at")
+JOB_PENDING_REST = "0.0, '', 0, 3, 0, '{}'::jsonb, 1, '', false, '', '', NULL, NULL, now()"
+EVENT_COLUMNS = "job_id, seq, type, step, status, message, created_at"
+EVENT_FIRST = "1, 'status', '', 'pending', '{}'::jsonb"
 # Set by the bench for the worker: the JSON file that `capture_statements` wrote.
 STATEMENTS_ENV = "BENCH_DURABLE_STATEMENTS"
 
@@ -85,14 +92,12 @@ def submit(conn: Any, count: int, batch: int = 500) -> list[str]:
             chunk = [uuid.uuid4() for _ in range(min(batch, count - start))]
             with conn.transaction():
                 conn.execute(
-                    f"INSERT INTO {JOBS} (id, kind, status, input, progress_fraction, progress_text, attempts, "
-                    "max_attempts, hand_backs, checkpoint, event_seq, suspended_on, feature_rows, worker, task_id, "
-                    "spawn_key, gathering, created_at) SELECT id, 'demo.noop', 'pending', '{}'::jsonb, 0.0, '', 0, "
-                    "3, 0, '{}'::jsonb, 1, '', false, '', '', NULL, NULL, now() FROM UNNEST(%s::uuid[]) AS t(id)",
+                    f"INSERT INTO {JOBS} ({JOB_COLUMNS}) SELECT id, 'demo.noop', 'pending', '{{}}'::jsonb, "
+                    f"{JOB_PENDING_REST} FROM UNNEST(%s::uuid[]) AS t(id)",
                     [chunk])
                 conn.execute(
-                    f"INSERT INTO {EVENTS} (job_id, seq, type, step, status, message, created_at) "
-                    "SELECT id, 1, 'status', '', 'pending', '{}'::jsonb, now() FROM UNNEST(%s::uuid[]) AS t(id)",
+                    f"INSERT INTO {EVENTS} ({EVENT_COLUMNS}) SELECT id, {EVENT_FIRST}, now() "
+                    "FROM UNNEST(%s::uuid[]) AS t(id)",
                     [chunk])
             for job_id in chunk:
                 run.apply_async(args=[str(job_id)], queue="durable", producer=producer)

@@ -306,6 +306,10 @@ def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
                 "enqueue_seconds": round(enqueued, 3), "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid)}
 
 
+# The two statements the bare + SQL worker runs, taken from the platform at the start of its phase.
+DURABLE_STATEMENTS = BASE_DIR / "var" / "bench-durable-statements.json"
+
+
 @contextlib.contextmanager
 def durable_worker(concurrency: int, redis_url: str) -> Iterator[tuple[subprocess.Popen, Any, Any]]:
     """The bare + SQL worker (bench/bare_durable.py) running, with the bench's copies of the
@@ -315,13 +319,12 @@ def durable_worker(concurrency: int, redis_url: str) -> Iterator[tuple[subproces
 
     from bench import bare_durable
 
-    statements_path = BASE_DIR / "var" / "bench-durable-statements.json"
-    statements_path.parent.mkdir(exist_ok=True)
-    statements_path.write_text(json.dumps(bare_durable.capture_statements()))
+    DURABLE_STATEMENTS.parent.mkdir(exist_ok=True)
+    DURABLE_STATEMENTS.write_text(json.dumps(bare_durable.capture_statements()))
     dsn = os.environ["DATABASE_URL"]
     conn = psycopg.connect(dsn, autocommit=True)
     bare_durable.create_tables(conn)
-    env = {bare_durable.STATEMENTS_ENV: str(statements_path), "BENCH_DURABLE_DSN": dsn}
+    env = {bare_durable.STATEMENTS_ENV: str(DURABLE_STATEMENTS), "BENCH_DURABLE_DSN": dsn}
     try:
         with baseline_worker("bench.bare_durable", "durable", concurrency, redis_url, env) as worker:
             bare_durable.app.conf.broker_url = redis_url
@@ -382,7 +385,7 @@ def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
         return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
                 "submit_seconds": round(submitted, 3), **drain_figures(count, since, first, last),
                 "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
-                "statements": json.loads((BASE_DIR / "var" / "bench-durable-statements.json").read_text())}
+                "statements": json.loads(DURABLE_STATEMENTS.read_text())}
 
 
 def drain_figures(count: int, since: datetime, first: datetime | None, last: datetime | None) -> dict[str, Any]:
@@ -546,7 +549,7 @@ def api_floor_phase(shipped: Platform, tokens: list[str], seconds: float, client
     job and its event, Celery's message) served by `make run`'s web command line with the bench's
     URLconf, as many processes, while the bare + SQL worker runs the platform's two statements for
     each submitted job, as the platform's worker runs them in the API phase."""
-    from devtools.supervisor import build_services
+    from devtools.supervisor import build_services, port_open
 
     drained()  # the platform's worker done with the API phase's jobs: its CPU is not in this figure
     with durable_worker(concurrency, redis_url) as (worker, _conn, completed):
@@ -558,7 +561,7 @@ def api_floor_phase(shipped: Platform, tokens: list[str], seconds: float, client
                                   stderr=subprocess.DEVNULL, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_for(lambda: port_answers(port), 60, "the floor's web server")
+            wait_for(lambda: port_open("127.0.0.1", port), 60, "the floor's web server")
             api_clients_run(url, tokens, 2.0, clients, env, "/bench/floor/")  # each process's first requests
             server_before, worker_before = tree_cpu_seconds(server.pid), tree_cpu_seconds(worker.pid)
             done_before = completed()
@@ -570,13 +573,6 @@ def api_floor_phase(shipped: Platform, tokens: list[str], seconds: float, client
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=30)
-
-
-def port_answers(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def processing_after(job_id: Any, sent: datetime) -> float:

@@ -54,6 +54,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -78,6 +79,55 @@ AIMS = {"ratio": 0.6, "api_per_second": 300, "api_p99_ms": 50, "answer_p50_ms": 
 def summary_ms(values: list[float]) -> dict[str, float]:
     return {"n": len(values), "p50": round(statistics.median(values), 1), "p99": round(percentile(values, 0.99), 1),
             "max": round(max(values), 1)}
+
+
+# A request slower than this (the API's p99 aim) is looked at against the commit probe.
+SLOW_REQUEST_MS = 50.0
+
+
+class CommitProbe:
+    """PostgreSQL's own commit latency while a phase runs: a thread of its own, on a connection of
+    its own, commits one small row every `interval` seconds and times each commit. Every answer,
+    wake and submit waits for at least one commit (its WAL flushed to disk), so a stall of the
+    disk stalls them all at once; the probe's worst commit inside a slow request's window says
+    whether that request waited on the substrate. Its table goes at the end."""
+
+    def __init__(self, dsn: str, interval: float = 0.02, table: str = "bench_commit_probe") -> None:
+        self.dsn, self.interval, self.table = dsn, interval, table
+        self.commits: list[tuple[float, float]] = []  # (start, seconds), time.perf_counter's clock
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-commit-probe", daemon=True)
+
+    def __enter__(self) -> CommitProbe:
+        import psycopg
+
+        self.conn = psycopg.connect(self.dsn, autocommit=True)
+        self.conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (id bigserial PRIMARY KEY, at timestamptz)")
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            started = time.perf_counter()
+            self.conn.execute(f"INSERT INTO {self.table} (at) VALUES (now())")
+            self.commits.append((started, time.perf_counter() - started))
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=30)
+        self.conn.execute(f"DROP TABLE IF EXISTS {self.table}")
+        self.conn.close()
+
+    def worst_ms(self, start: float, end: float) -> float:
+        """The slowest probe commit that overlapped [start, end] (perf_counter's clock), in ms."""
+        overlapping = [took for began, took in self.commits if began <= end and began + took >= start]
+        return round(max(overlapping, default=0.0) * 1000, 1)
+
+    def summary(self) -> dict[str, Any]:
+        took = [seconds * 1000 for _, seconds in self.commits]
+        if not took:
+            return {}
+        return {**summary_ms(took), "over_50_ms": sum(1 for ms in took if ms > 50)}
 
 
 # --- The platform as `make run` starts it ------------------------------------------------------------
@@ -129,19 +179,7 @@ class Platform:
 
         root = psutil.Process(self.proc.pid)
         times = root.cpu_times()
-        found: dict[str, float] = {"supervisor": times.user + times.system, "postgres": 0.0, "redis": 0.0}
-        # Each process's own CPU and its ended children's (`spent`): a pool process replaced after
-        # WORKER_MAX_TASKS_PER_CHILD jobs, a closed connection's PostgreSQL backend.
-        # The servers' CPU, every process of them on this machine (another user of the same
-        # servers would count too: run the bench on a quiet machine).
-        for process in psutil.process_iter(["name"]):
-            name = process.info["name"] or ""
-            key = "postgres" if name.startswith("postgres") else "redis" if name.startswith("redis-server") else None
-            if key:
-                try:
-                    found[key] += spent(process.cpu_times())
-                except psutil.NoSuchProcess:
-                    continue
+        found: dict[str, float] = {"supervisor": times.user + times.system, **servers_cpu_seconds()}
         for child in root.children(recursive=False):
             try:
                 argv = child.cmdline()
@@ -211,13 +249,16 @@ class Profile:
 
     wall = False
 
-    def __init__(self, shipped: Platform, service: str, seconds: float, out_dir: Path | None,
-                 name: str | None = None) -> None:
+    def __init__(self, shipped: Platform | None, service: str, seconds: float, out_dir: Path | None,
+                 name: str | None = None, pid: int | None = None) -> None:
         self.proc = None
         self.path = None
-        pid = shipped.service_pid(service) if out_dir else None
         py_spy = VENV_BIN / "py-spy"
-        if pid is None or not py_spy.exists():
+        if out_dir is None or not py_spy.exists():
+            return
+        if pid is None and shipped is not None:
+            pid = shipped.service_pid(service)
+        if pid is None:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / f"{name or service}.txt"
@@ -258,6 +299,65 @@ def spent(times: Any) -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
+def servers_cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of PostgreSQL's and Redis's processes on this machine, each process's own
+    and its ended children's (`spent`: a closed connection's backend). Another user of the same
+    servers would count too: run the bench on a quiet machine."""
+    import psutil
+
+    found = {"postgres": 0.0, "redis": 0.0}
+    for process in psutil.process_iter(["name"]):
+        name = process.info["name"] or ""
+        key = "postgres" if name.startswith("postgres") else "redis" if name.startswith("redis-server") else None
+        if key:
+            try:
+                found[key] += spent(process.cpu_times())
+            except psutil.NoSuchProcess:
+                continue
+    return found
+
+
+def worker_cpu_split(pid: int) -> dict[str, float]:
+    """CPU seconds so far of a Celery worker: its main process (the consumer: fetching, acking,
+    handing each message to the pool) apart from its pool processes (the tasks), ended ones
+    included."""
+    import psutil
+
+    main = psutil.Process(pid)
+    own = main.cpu_times()
+    pool = own.children_user + own.children_system
+    for child in main.children(recursive=True):
+        try:
+            pool += spent(child.cpu_times())
+        except psutil.NoSuchProcess:
+            continue
+    return {"celery_main": own.user + own.system, "pool": pool}
+
+
+class CpuBudget:
+    """CPU milliseconds per job of each part of a throughput phase, from `start()` to `stop(n)`:
+    the worker's main process and its pool processes, PostgreSQL, Redis, and the submitter (this
+    process, or the children it ran). The phases' budgets side by side say where the platform
+    spends more than bare Celery and the floor: whose CPU, not only how fast."""
+
+    def __init__(self, worker_pid: int) -> None:
+        self.worker_pid = worker_pid
+
+    def _now(self) -> dict[str, float]:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        submitter = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+        return {**worker_cpu_split(self.worker_pid), **servers_cpu_seconds(), "submitter": submitter}
+
+    def start(self) -> None:
+        self.before = self._now()
+
+    def stop(self, jobs: int) -> dict[str, float]:
+        after = self._now()
+        budget = {name: round((after[name] - self.before[name]) * 1000 / jobs, 3) for name in after}
+        budget["total"] = round(sum(budget.values()), 3)
+        return budget
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of process `pid` and its children so far, ended ones included."""
     import psutil
@@ -295,15 +395,19 @@ def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
         key = f"bench:bare:{uuid.uuid4().hex[:8]}"
         bare_celery.noop.apply_async(args=[key + ":warm"], queue="bare")
         wait_for(lambda: client.get(key + ":warm"), 60, "the bare worker's first task")
+        budget = CpuBudget(worker.pid)
+        budget.start()
         started = time.perf_counter()
         for _ in range(count):
             bare_celery.noop.apply_async(args=[key], queue="bare")
         enqueued = time.perf_counter() - started
         wait_for(lambda: int(client.get(key) or 0) >= count, 600, f"{count} bare tasks", interval=0.02)
         seconds = time.perf_counter() - started
+        cpu_ms = budget.stop(count)
         client.delete(key, key + ":warm")
         return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
-                "enqueue_seconds": round(enqueued, 3), "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid)}
+                "enqueue_seconds": round(enqueued, 3), "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
+                "cpu_ms_per_job": cpu_ms}
 
 
 # The two statements the bare + SQL worker runs, taken from the platform at the start of its phase.
@@ -376,15 +480,18 @@ def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
 
     with durable_worker(concurrency, redis_url) as (worker, conn, completed):
         since = datetime.now(UTC)
+        budget = CpuBudget(worker.pid)
+        budget.start()
         started = time.perf_counter()
         bare_durable.submit(conn, count)
         submitted = time.perf_counter() - started
         wait_for(lambda: completed() >= count, 600, f"{count} durable baseline jobs", interval=0.25)
         seconds = time.perf_counter() - started
+        cpu_ms = budget.stop(count)
         first, last = conn.execute(f"SELECT min(started_at), max(finished_at) FROM {bare_durable.JOBS}").fetchone()
         return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
                 "submit_seconds": round(submitted, 3), **drain_figures(count, since, first, last),
-                "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
+                "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid), "cpu_ms_per_job": cpu_ms,
                 "statements": json.loads(DURABLE_STATEMENTS.read_text())}
 
 
@@ -407,6 +514,8 @@ def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = Non
     profile = Profile(shipped, "worker", max(5.0, count / 400), profile_dir)
     since = datetime.now(UTC)
     cpu_before = shipped.cpu_by_service()
+    budget = CpuBudget(shipped.service_pid("worker"))
+    budget.start()
     started = time.perf_counter()
     submit = subprocess.run([sys.executable, "manage.py", "submit", "demo.noop", "--count", str(count)],
                             cwd=BASE_DIR, env=shipped.env, capture_output=True, text=True)
@@ -424,13 +533,15 @@ def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = Non
 
     wait_for(done, 900, f"{count} platform jobs", interval=0.25)
     seconds = time.perf_counter() - started
+    cpu_ms = budget.stop(len(ids))
     ran = Job.objects.filter(created_at__gte=since, kind="demo.noop")
     failed = ran.filter(status="failed").count()
     span = ran.aggregate(first=Min("started_at"), last=Max("finished_at"))
     return {"count": len(ids), "seconds": round(seconds, 3), "per_second": round(len(ids) / seconds, 1),
             "submit_seconds": round(submitted, 3), **drain_figures(len(ids), since, span["first"], span["last"]),
             "failed": failed, "rss_under_load_mb": rss_peak,
-            "cpu_seconds": cpu_delta(cpu_before, shipped.cpu_by_service()), "profile_worker": profile.top()}
+            "cpu_seconds": cpu_delta(cpu_before, shipped.cpu_by_service()), "cpu_ms_per_job": cpu_ms,
+            "profile_worker": profile.top()}
 
 
 class _ApiConnection(asyncio.Protocol):
@@ -442,11 +553,11 @@ class _ApiConnection(asyncio.Protocol):
     """
 
     def __init__(self, request: bytes, deadline: float, latencies: list[float], errors: dict[str, int],
-                 done: asyncio.Future) -> None:
+                 done: asyncio.Future, slow: list[tuple[float, float]]) -> None:
         import httptools
 
-        self.request, self.deadline, self.latencies, self.errors, self.done = (
-            request, deadline, latencies, errors, done)
+        self.request, self.deadline, self.latencies, self.errors, self.done, self.slow = (
+            request, deadline, latencies, errors, done, slow)
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.sent = 0.0
@@ -469,7 +580,10 @@ class _ApiConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         status = str(self.parser.get_status_code())
         if status == "201":
-            self.latencies.append((time.perf_counter() - self.sent) * 1000)
+            took = (time.perf_counter() - self.sent) * 1000
+            self.latencies.append(took)
+            if took > SLOW_REQUEST_MS:
+                self.slow.append((self.sent, took))
         else:
             self.errors[status] = self.errors.get(status, 0) + 1
         self.send()
@@ -493,6 +607,7 @@ async def api_clients(url: str, tokens: list[str], seconds: float, clients: int,
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
 
     latencies: list[float] = []
+    slow: list[tuple[float, float]] = []
     errors: dict[str, int] = {}
     loop = asyncio.get_running_loop()
     deadline = time.perf_counter() + seconds
@@ -502,13 +617,16 @@ async def api_clients(url: str, tokens: list[str], seconds: float, clients: int,
         done = loop.create_future()
         own = request(tokens[index % len(tokens)])
         await loop.create_connection(
-            lambda done=done, own=own: _ApiConnection(own, deadline, latencies, errors, done),
+            lambda done=done, own=own: _ApiConnection(own, deadline, latencies, errors, done, slow),
             parts.hostname, parts.port)
         finished.append(done)
     await asyncio.gather(*finished)
     elapsed = time.perf_counter() - began
+    # perf_counter is the system's monotonic clock: the bench process compares these windows with
+    # its commit probe's.
     return {"requests": len(latencies), "seconds": round(elapsed, 2),
-            "per_second": round(len(latencies) / elapsed, 1), **summary_ms(latencies), "errors": errors}
+            "per_second": round(len(latencies) / elapsed, 1), **summary_ms(latencies), "errors": errors,
+            "slow_windows": slow}
 
 
 def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int,
@@ -535,15 +653,23 @@ def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int
 def api_clients_run(url: str, tokens: list[str], seconds: float, clients: int, env: dict[str, str],
                     path: str = "/api/jobs/") -> dict[str, Any]:
     """`api_clients` in a process of their own (their CPU is not the server's GIL): its figures."""
-    out = subprocess.run([sys.executable, __file__, "--api-client", url, ",".join(tokens), str(seconds), str(clients),
-                          path], cwd=BASE_DIR, capture_output=True, text=True, env=env)
+    with CommitProbe(os.environ["DATABASE_URL"]) as probe:
+        out = subprocess.run([sys.executable, __file__, "--api-client", url, ",".join(tokens), str(seconds),
+                              str(clients), path], cwd=BASE_DIR, capture_output=True, text=True, env=env)
     if out.returncode:
         raise SystemExit(f"bench: the API clients failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # The requests over SLOW_REQUEST_MS, and how many of them waited as long as a commit of the
+    # probe's: a stall of PostgreSQL's commit (the disk) at the same moment.
+    slow = result.pop("slow_windows")
+    stalled = sum(1 for sent, took in slow if probe.worst_ms(sent, sent + took / 1000) > SLOW_REQUEST_MS)
+    result["over_slow_ms"] = {"requests": len(slow), "during_a_commit_stall": stalled}
+    result["commit_probe_ms"] = probe.summary()
+    return result
 
 
 def api_floor_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int, concurrency: int,
-                    redis_url: str) -> dict[str, Any]:
+                    redis_url: str, profile_dir: Path | None = None) -> dict[str, Any]:
     """The API's floor, beside the platform's (still running, idle): `POST /bench/floor/`
     (bench/api_urls.py: the API's authentication, throttle, parser and renderer, one INSERT of the
     job and its event, Celery's message) served by `make run`'s web command line with the bench's
@@ -565,10 +691,12 @@ def api_floor_phase(shipped: Platform, tokens: list[str], seconds: float, client
             api_clients_run(url, tokens, 2.0, clients, env, "/bench/floor/")  # each process's first requests
             server_before, worker_before = tree_cpu_seconds(server.pid), tree_cpu_seconds(worker.pid)
             done_before = completed()
+            profile = Profile(None, "web", seconds * 0.8, profile_dir, name="api_floor_web", pid=server.pid)
             result = api_clients_run(url, tokens, seconds, clients, env, "/bench/floor/")
             result["cpu_seconds"] = {"web": round(tree_cpu_seconds(server.pid) - server_before, 2),
                                      "worker": round(tree_cpu_seconds(worker.pid) - worker_before, 2)}
             result["jobs_run_during"] = completed() - done_before
+            result["profile_web"] = profile.top()
             return result
         finally:
             os.killpg(server.pid, signal.SIGTERM)
@@ -658,6 +786,14 @@ class HttpConnection:
 
 def resumes_timed(base_url: str, key: str, posts: list[tuple[Any, str, bytes, dict[str, str]]],
                   expect: int) -> dict[str, Any]:
+    """`resumes_timed_probed` with PostgreSQL's commit latency probed meanwhile (`CommitProbe`)."""
+    with CommitProbe(os.environ["DATABASE_URL"]) as probe:
+        result = resumes_timed_probed(base_url, key, posts, expect, probe)
+    return {**result, "commit_probe_ms": probe.summary()}
+
+
+def resumes_timed_probed(base_url: str, key: str, posts: list[tuple[Any, str, bytes, dict[str, str]]],
+                         expect: int, probe: CommitProbe) -> dict[str, Any]:
     """For each (job id, path, body, headers): watch the job's stream, POST, and time the POST's
     response and the `processing` event two ways: its frame's arrival on the job's websocket (the
     figure, as the issue defines it) and its row's `created_at` (`row_ms`: what this bench timed
@@ -668,7 +804,7 @@ def resumes_timed(base_url: str, key: str, posts: list[tuple[Any, str, bytes, di
     # The socket is read in a thread of its own while this one waits for the POST's response: the
     # frame usually arrives first, and its time is taken as it arrives, not once the response is in.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-watch")
-    on_socket, rows, responses = [], [], []
+    on_socket, rows, responses, sent_times, windows = [], [], [], [], []
     try:
         for job_id, path, body, headers in posts:
             watch = JobWatch(http, base_url, key, job_id)
@@ -676,9 +812,11 @@ def resumes_timed(base_url: str, key: str, posts: list[tuple[Any, str, bytes, di
                 time.sleep(0.05)  # one at a time, as reviewers and callbacks come
                 arrival = reader.submit(watch.status_received, "processing")
                 sent_at = datetime.now(UTC)
+                sent_times.append(sent_at)
                 sent = time.perf_counter()
                 status, answer = http.post(path, body, headers)
                 responses.append((time.perf_counter() - sent) * 1000)
+                windows.append((sent, time.perf_counter()))
                 if status != expect:
                     raise SystemExit(f"bench: {path} refused: {status} {answer[:300]!r}")
                 on_socket.append((arrival.result(timeout=35) - sent) * 1000)
@@ -688,7 +826,14 @@ def resumes_timed(base_url: str, key: str, posts: list[tuple[Any, str, bytes, di
     finally:
         reader.shutdown(wait=False, cancel_futures=True)
         http.close()
-    return {**summary_ms(on_socket), "response_ms": summary_ms(responses), "row_ms": summary_ms(rows)}
+    # The slowest responses: their place in the run (a tail at the start is a cold path), when they
+    # were sent, and the probe's slowest commit meanwhile (a tail that is the disk's).
+    slowest = sorted(enumerate(responses), key=lambda item: -item[1])[:5]
+    return {**summary_ms(on_socket), "response_ms": summary_ms(responses), "row_ms": summary_ms(rows),
+            "slowest_responses": [{"index": index, "ms": round(ms, 1),
+                                   "sent": sent_times[index].strftime("%H:%M:%S.%f")[:-3],
+                                   "commit_probe_worst_ms": probe.worst_ms(*windows[index])}
+                                  for index, ms in slowest]}
 
 
 def drained() -> None:
@@ -828,17 +973,23 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
         if "bare" in result and "platform" in result:
             result["ratio"] = round(result["platform"]["per_second"] / result["bare"]["per_second"], 3)
             print(f"  ratio         {result['ratio']:8.3f}", flush=True)
+        for line in budget_lines(result):
+            print(f"  {line}", flush=True)
         if "api" in phases:
             result["api"] = api_phase(shipped, client_keys(args.clients), args.api_seconds, args.clients, args.profile)
             api = result["api"]
             print(f"  API           {api['per_second']:8.1f} req/s  p50 {api['p50']} ms  p99 {api['p99']} ms  "
-                  f"errors {api['errors']}  cpu {api['cpu_seconds']}", flush=True)
+                  f"errors {api['errors']}  cpu {api['cpu_seconds']}  "
+                  f"over {SLOW_REQUEST_MS:.0f} ms {api['over_slow_ms']}, commits meanwhile {api['commit_probe_ms']}",
+                  flush=True)
         if "api-floor" in phases:
             result["api_floor"] = api_floor_phase(shipped, client_keys(args.clients), args.api_seconds, args.clients,
-                                                  worker_concurrency, os.environ["REDIS_URL"])
+                                                  worker_concurrency, os.environ["REDIS_URL"], args.profile)
             floor = result["api_floor"]
             print(f"  API floor     {floor['per_second']:8.1f} req/s  p50 {floor['p50']} ms  p99 {floor['p99']} ms  "
-                  f"errors {floor['errors']}  cpu {floor['cpu_seconds']}  (bare DRF + one INSERT + Celery's message, "
+                  f"errors {floor['errors']}  cpu {floor['cpu_seconds']}  over {SLOW_REQUEST_MS:.0f} ms "
+                  f"{floor['over_slow_ms']}, commits meanwhile {floor['commit_probe_ms']}  "
+                  "(bare DRF + one INSERT + Celery's message, "
                   f"the bare + SQL worker running them: {floor['jobs_run_during']} run)", flush=True)
         watcher = watcher_key() if phases & {"answer", "wake"} else ""
         if "answer" in phases:
@@ -858,6 +1009,24 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
         connections.close_all()
         shipped.stop()
     return result
+
+
+BUDGET_PARTS = {"celery_main": "the worker's main process (Celery's consumer)",
+                "pool": "its pool processes (the tasks)", "postgres": "PostgreSQL", "redis": "Redis",
+                "submitter": "the submitter", "total": "**all of them**"}
+
+
+def budget_lines(run: dict[str, Any]) -> list[str]:
+    """The throughput phases' CPU per job (`CpuBudget`), part by part, as a Markdown table."""
+    budgets = {name: run[key]["cpu_ms_per_job"] for key, name in
+               (("bare", "bare Celery"), ("durable", "bare + SQL"), ("platform", "platform"))
+               if "cpu_ms_per_job" in run.get(key, {})}
+    if not budgets:
+        return []
+    lines = ["| CPU ms per job | " + " | ".join(budgets) + " |", "|---|" + "---:|" * len(budgets)]
+    for part, title in BUDGET_PARTS.items():
+        lines.append(f"| {title} | " + " | ".join(f"{budget[part]:.2f}" for budget in budgets.values()) + " |")
+    return lines
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -901,6 +1070,8 @@ def markdown(result: dict[str, Any]) -> str:
                      f"p99 {handoff['p99']} ms | — | — |")
     lines.append(f"| RSS of all the platform's processes | — | idle {first['rss_idle_mb']} MB, under load "
                  f"{first.get('platform', {}).get('rss_under_load_mb', '—')} MB | — |")
+    if budget := budget_lines(first):
+        lines += ["", *budget]
     if len(result["runs"]) > 1:
         lines += ["", "| worker processes | web processes | bare Celery /s | bare + SQL /s | platform jobs/s | ratio "
                   "| API req/s | API p99 ms |", "|---|---|---|---|---|---|---|---|"]

@@ -1,0 +1,64 @@
+"""The measures `bench/shipped.py` reads its figures with: PostgreSQL's commit probe (a slow
+request set against the commits of the same moment) and the CPU budget (a worker's main process
+apart from its pool processes, ended ones included)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psycopg
+import pytest
+
+from bench.shipped import CommitProbe, budget_lines, worker_cpu_split
+
+DSN = os.environ.get("DATABASE_URL", "")
+
+needs_postgresql = pytest.mark.skipif(not DSN.startswith("postgres"), reason="the probe commits to PostgreSQL")
+
+
+@needs_postgresql
+def test_the_commit_probe_times_its_commits_and_finds_the_worst_of_a_window():
+    table = f"bench_commit_probe_{os.getpid()}"
+    started = time.perf_counter()
+    with CommitProbe(DSN, interval=0.005, table=table) as probe:
+        time.sleep(0.4)
+    ended = time.perf_counter()
+    assert len(probe.commits) >= 5
+    slowest = max(took for _, took in probe.commits)
+    assert probe.worst_ms(started, ended) == round(slowest * 1000, 1)
+    assert probe.worst_ms(started - 10, started - 5) == 0.0  # no commit in that window
+    summary = probe.summary()
+    assert summary["n"] == len(probe.commits) and summary["max"] == round(slowest * 1000, 1)
+    with psycopg.connect(DSN) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", [table]).fetchone()[0] is None  # dropped at the end
+
+
+BURN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
+
+
+def test_the_cpu_budget_counts_a_pool_process_that_ended_apart_from_the_main_process():
+    # A "main process" that runs a "pool process" burning 0.4 s of CPU, waits for it, then idles.
+    main = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        f"subprocess.run([sys.executable, '-c', {BURN.format(seconds=0.4)!r}], check=True)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert main.stdout.readline().strip() == "ready"
+        split = worker_cpu_split(main.pid)
+        assert split["pool"] >= 0.35, split  # the ended child's CPU, counted once
+        assert split["celery_main"] < split["pool"], split
+    finally:
+        main.kill()
+        main.wait()
+
+
+def test_the_budget_table_lists_each_part_of_each_phase():
+    part = {"celery_main": 1.0, "pool": 2.0, "postgres": 0.5, "redis": 0.25, "submitter": 0.25, "total": 4.0}
+    lines = budget_lines({"bare": {"cpu_ms_per_job": part}, "platform": {"cpu_ms_per_job": part}})
+    assert lines[0] == "| CPU ms per job | bare Celery | platform |"
+    assert "| its pool processes (the tasks) | 2.00 | 2.00 |" in lines
+    assert budget_lines({}) == []

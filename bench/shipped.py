@@ -34,7 +34,9 @@ it creates and drops, and a Redis database it flushes. Then, one phase after ano
 7. **handoff** — bare Celery's own hand-off: one message at a time to an idle bare worker, from
    before `apply_async` to the task's first line. The part of 5 and 6 that is Celery's.
 
-The total RSS of the platform's processes is taken idle and at the end of the platform phase.
+The total RSS of the platform's processes is taken idle and at the end of the platform phase. Each
+throughput phase has a CPU budget per job by part (`CpuBudget`), and each latency phase a probe of
+PostgreSQL's own commit latency beside it (`CommitProbe`), set against its slowest requests.
 `--scale` repeats the throughput at 1, 2 and 4 worker processes and the API figure at 1, 2 and 4
 web processes (WORKER_CONCURRENCY and WEB_CONCURRENCY, as a user sets them). Figures are printed
 and written to bench/results/shipped-*.json and shipped-latest.md.

@@ -62,3 +62,20 @@ def test_the_budget_table_lists_each_part_of_each_phase():
     assert lines[0] == "| CPU ms per job | bare Celery | platform |"
     assert "| its pool processes (the tasks) | 2.00 | 2.00 |" in lines
     assert budget_lines({}) == []
+
+
+def test_the_rounds_table_lists_each_round_and_the_median_ratios():
+    from bench.shipped import round_summary, rounds_text
+
+    def phase(rate: float, cpu: float) -> dict:
+        return {"per_second": rate, "cpu_ms_per_job": {"total": cpu}}
+
+    rounds = [round_summary({"bare": phase(1000.0, 2.0), "durable": phase(500.0, 3.5), "platform": phase(p, 6.0),
+                             "ratio": p / 1000, "floor_ratio": 0.5, "platform_over_floor": p / 500})
+              for p in (200.0, 300.0, 250.0)]
+    assert rounds[0] == {"bare": 1000.0, "bare_cpu_ms_per_job": 2.0, "durable": 500.0, "durable_cpu_ms_per_job": 3.5,
+                         "platform": 200.0, "platform_cpu_ms_per_job": 6.0, "ratio": 0.2, "floor_ratio": 0.5,
+                         "platform_over_floor": 0.4}
+    table = rounds_text(rounds).splitlines()
+    assert table[2] == "| 1 | 1000.0 | 500.0 | 200.0 | 0.2 | 0.5 | 0.4 | 2.0, 3.5, 6.0 |"
+    assert table[-1] == "| median | | | | 0.25 | 0.5 | 0.5 | |"

@@ -362,10 +362,7 @@ class CpuBudget:
 
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of process `pid` and its children so far, ended ones included."""
-    import psutil
-
-    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    return round(sum(spent(p.cpu_times()) for p in tree), 2)
+    return round(sum(worker_cpu_split(pid).values()), 2)
 
 
 @contextlib.contextmanager

@@ -90,19 +90,24 @@ def submit(conn: Any, count: int, batch: int = 500) -> list[str]:
     with app.producer_or_acquire() as producer:
         for start in range(0, count, batch):
             chunk = [uuid.uuid4() for _ in range(min(batch, count - start))]
-            with conn.transaction():
-                conn.execute(
-                    f"INSERT INTO {JOBS} ({JOB_COLUMNS}) SELECT id, 'demo.noop', 'pending', '{{}}'::jsonb, "
-                    f"{JOB_PENDING_REST} FROM UNNEST(%s::uuid[]) AS t(id)",
-                    [chunk])
-                conn.execute(
-                    f"INSERT INTO {EVENTS} ({EVENT_COLUMNS}) SELECT id, {EVENT_FIRST}, now() "
-                    "FROM UNNEST(%s::uuid[]) AS t(id)",
-                    [chunk])
+            insert_pending(conn, chunk)
             for job_id in chunk:
                 run.apply_async(args=[str(job_id)], queue="durable", producer=producer)
                 ids.append(str(job_id))
     return ids
+
+
+def insert_pending(conn: Any, ids: list[uuid.UUID]) -> None:
+    """The pending jobs `ids`, their rows and first events, in one transaction (no message)."""
+    with conn.transaction():
+        conn.execute(
+            f"INSERT INTO {JOBS} ({JOB_COLUMNS}) SELECT id, 'demo.noop', 'pending', '{{}}'::jsonb, "
+            f"{JOB_PENDING_REST} FROM UNNEST(%s::uuid[]) AS t(id)",
+            [ids])
+        conn.execute(
+            f"INSERT INTO {EVENTS} ({EVENT_COLUMNS}) SELECT id, {EVENT_FIRST}, now() "
+            "FROM UNNEST(%s::uuid[]) AS t(id)",
+            [ids])
 
 
 @cache

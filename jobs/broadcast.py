@@ -341,7 +341,7 @@ def publisher() -> Publisher:
     """This process's publisher, started on first use (and again in a forked child)."""
     global _publisher
     current = _publisher
-    if current is not None and current.pid == os.getpid():
+    if current is not None:  # a forked child starts without one (`_forget_after_fork`): no getpid per event
         return current
     with _lock:
         if _publisher is None or _publisher.pid != os.getpid():

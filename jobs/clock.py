@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
 from django.db import connection
 from django.db.models import DateTimeField, ExpressionWrapper, Value
@@ -44,8 +45,17 @@ def db_now() -> Expression:
 
 
 def db_now_plus(seconds: float) -> Expression:
-    """The database's time `seconds` from now (negative: ago), as an expression."""
-    delta = timedelta(seconds=seconds) + _shift()
+    """The database's time `seconds` from now (negative: ago), as an expression.
+
+    The same object for the same time from now (the last few kept): the ORM copies an
+    expression before it resolves it into a statement, so one object serves every statement,
+    and a move that writes it finds its statement's shape already worked out on it
+    (`jobs.statements`: a claim's and a lease renewal's are the same every time)."""
+    return _expression_for(timedelta(seconds=seconds) + _shift())
+
+
+@lru_cache(maxsize=64)
+def _expression_for(delta: timedelta) -> Expression:
     if not delta:
         return Now()
     return ExpressionWrapper(Now() + Value(delta), output_field=_TIMESTAMP)

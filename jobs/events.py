@@ -19,13 +19,14 @@ from django.db.models.expressions import DatabaseDefault
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
+from dbkit.instances import instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor
 from jobs.broadcast import event_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
-from jobs.models import Job, JobEvent, column_converters, converted
-from jobs.statements import KeptExpression, MoveRows, move_statement
+from jobs.models import Job, JobEvent, column_converters, converted, job_update_returning
+from jobs.statements import NEXT_EVENT_SEQ, KeptExpression, MoveRows, move_statement
 
 
 class RunLost(BaseException):
@@ -149,6 +150,23 @@ def _event_insert_prefix(connection) -> str:
     return once_per_connection(connection, "_taskplatform_event_insert", build)
 
 
+# A move's event: the columns after its job's id and number, which the statement writes from
+# the updated row (`SELECT j.id, j.event_seq, …`), and every column's attribute in row order.
+_MOVE_EVENT_COLUMNS = ["type", "step", "status", "message", "created_at"]
+_EVENT_ATTNAMES = ["id", "job_id", "seq", *_MOVE_EVENT_COLUMNS]
+
+
+def _move_event_insert(connection) -> tuple[str, list]:
+    """The `INSERT … SELECT … FROM j` of a move's event (`job_update_with_event`), and the
+    fields of its parameters, in order: built once per connection."""
+    def build() -> tuple[str, list]:
+        placeholders = ", ".join(["%s"] * len(_MOVE_EVENT_COLUMNS))
+        sql = f"{_event_insert_prefix(connection)} SELECT j.id, j.event_seq, {placeholders} FROM j"
+        return sql, [JobEvent._meta.get_field(name) for name in _MOVE_EVENT_COLUMNS]
+
+    return once_per_connection(connection, "_taskplatform_move_event_insert", build)
+
+
 def _event_saved(event: JobEvent, pk: int) -> None:
     event.pk = pk
     event._state.adding = False
@@ -182,22 +200,23 @@ def job_update_with_event(
     shape (`jobs.statements.move_statement`).
     """
     now = timezone.now()  # host clock: shown to people, never compared across hosts
-    event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=now)
-    jobs = Job.objects.all()
-    connection = connections[jobs.db]
+    using = Job.objects.db
+    connection = connections[using]
     statement = move_statement(rows, fields, connection)
     if connection.vendor == "postgresql":
-        tail = ["type", "step", "status", "message", "created_at"]
-        insert = (
-            f"{_event_insert_prefix(connection)} SELECT j.id, j.event_seq, {', '.join(['%s'] * len(tail))} FROM j",
-            _event_params(event, tail, connection),
-        )
-        job = jobs.update_returning(then_insert=insert, statement=statement)
+        # The event's row is made from what the statement wrote, as `from_db` would (no
+        # `Model.__init__` per move: `dbkit.instances`).
+        values = [type, step, status, message or {}, now]
+        sql, event_fields = _move_event_insert(connection)
+        params = [field.get_db_prep_save(value, connection) for field, value in zip(event_fields, values, strict=True)]
+        job = job_update_returning(statement, then_insert=(sql, params), using=using)
         if job is None:
             return None
-        event.job_id, event.seq = job.pk, job.event_seq
-        _event_saved(event, job._inserted_id)
+        event = instance_from_row(JobEvent, JobEvent.objects.db, _EVENT_ATTNAMES,
+                                  [job._inserted_id, job.pk, job.event_seq, *values])
     else:
+        event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=now)
+        jobs = Job.objects.all()
         job = jobs.update_returning(statement=statement)
         if job is None:
             return None
@@ -243,7 +262,7 @@ def event_append(
             rows = MoveRows(job_id=job_id, sources=None)
         else:
             rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt)
-        values = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), **(fields or {})}
+        values = {"event_seq": NEXT_EVENT_SEQ, "updated_at": db_now(), **(fields or {})}
         written = job_update_with_event(rows=rows, fields=values, type=type, step=step, status=status, message=message)
         if written is None:
             if run_attempt is not None:
@@ -288,7 +307,7 @@ def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
     with transaction.atomic():
         rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt,
                         without_checkpoint_key=step)
-        fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now()}
+        fields = {"event_seq": NEXT_EVENT_SEQ, "updated_at": db_now()}
         if job_update_with_event(rows=rows, fields=fields, type="step", step=step, status="started") is not None:
             return STEP_NOT_DONE
         current = Job.objects.filter(pk=job_id).values("status", "attempts", "checkpoint").first()
@@ -320,7 +339,7 @@ def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> 
         else:
             checkpoint = _CheckpointAdd(step, value)
         owned = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt)
-        fields = {"event_seq": F("event_seq") + 1, "updated_at": db_now(), "checkpoint": checkpoint}
+        fields = {"event_seq": NEXT_EVENT_SEQ, "updated_at": db_now(), "checkpoint": checkpoint}
         written = job_update_with_event(rows=owned, fields=fields, type="step", step=step, status="completed")
         if written is not None:
             return written[0].checkpoint[step]

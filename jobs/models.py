@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from django.db.models.lookups import In
 from django.db.models.sql import UpdateQuery
 
+from dbkit.instances import instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor
 from jobs.presenters import event_text
@@ -59,33 +60,39 @@ class JobQuerySet(models.QuerySet):
         `statement`: the `UPDATE … WHERE …` and its parameters, already built (`jobs.statements`);
         then this queryset's filters and `fields` are not used.
         """
-        connection = connections[self.db]
         if statement is None:
             query = self.query.chain(UpdateQuery)
             query.add_update_values(fields)
-            sql, params = query.get_compiler(self.db).as_sql()
-        else:
-            sql, params = statement
-        columns, attnames, converting = _row_reading(connection, self.model)
-        sql = f"{sql} RETURNING {columns}"
-        if then_insert is not None:
-            insert_sql, insert_params = then_insert
-            sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
-            params = [*params, *insert_params]
-        with prepared_cursor(connection) as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        inserted_id = row[-1] if then_insert is not None else None
-        # What a queryset does to a fetched row, without the cost of a RawQuerySet (this is
-        # the hot path of every status change): the backend's and the fields' converters.
-        values = list(row[: len(attnames)])
-        for index, field, converters in converting:
-            values[index] = converted(values[index], field, converters, connection)
-        job = self.model.from_db(self.db, attnames, values)
-        job._inserted_id = inserted_id
-        return job
+            statement = query.get_compiler(self.db).as_sql()
+        return job_update_returning(statement, then_insert=then_insert, using=self.db)
+
+
+def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str, list] | None = None,
+                         using: str) -> Job | None:
+    """`JobQuerySet.update_returning` of a statement already built, without a queryset (the
+    path of every move: `jobs.events.job_update_with_event`)."""
+    connection = connections[using]
+    sql, params = statement
+    columns, attnames, converting = _row_reading(connection, Job)
+    sql = f"{sql} RETURNING {columns}"
+    if then_insert is not None:
+        insert_sql, insert_params = then_insert
+        sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
+        params = [*params, *insert_params]
+    with prepared_cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    inserted_id = row[-1] if then_insert is not None else None
+    # What a queryset does to a fetched row, without the cost of a RawQuerySet (this is
+    # the hot path of every status change): the backend's and the fields' converters.
+    values = list(row[: len(attnames)])
+    for index, field, converters in converting:
+        values[index] = converted(values[index], field, converters, connection)
+    job = instance_from_row(Job, using, attnames, values)
+    job._inserted_id = inserted_id
+    return job
 
 
 def _row_reading(connection, model) -> tuple[str, list[str], tuple]:

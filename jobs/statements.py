@@ -43,6 +43,9 @@ from django.db.models.sql.where import WhereNode
 from jobs.extensions import TransitionHook
 from jobs.models import Job, status_among
 
+# The next event's number: one object for every move, whose shape is worked out once on it.
+NEXT_EVENT_SEQ = F("event_seq") + 1
+
 # Shapes kept per process; past this many (a condition with ever-new values), all are dropped.
 MAX_SHAPES = 512
 _EXPRESSIONS = (F, Value, Now, CombinedExpression, ExpressionWrapper, Col)
@@ -86,9 +89,9 @@ class MoveRows:
     def shape(self) -> tuple | None:
         where = None
         if self.where is not None:
-            if not _plain_condition(self.where):
+            where = _remembered(self.where, "_kept_where", _where_shape)
+            if where is None:
                 return None
-            where = repr(self.where)
         sources = None if self.sources is None else tuple(sorted(self.sources))
         return (sources, self.only_attempt is not None, where, self.no_feature_rows,
                 self.without_checkpoint_key is not None, tuple(hook.name for hook in self.unless_needed))
@@ -149,6 +152,26 @@ def _key(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple | Non
     return connection.alias, shape, tuple(written)
 
 
+def _remembered(thing: Any, name: str, work_out: Any) -> Any:
+    """`work_out(thing)`, kept on `thing` (an expression or a condition) under `name`: a move
+    that passes the same object again (`jobs.clock`'s times, a module's constant expressions
+    and conditions) does not work its shape out again. The ORM never changes an expression it
+    is given (it resolves a copy)."""
+    try:
+        return thing.__dict__[name]
+    except KeyError:
+        value = thing.__dict__[name] = work_out(thing)
+        return value
+
+
+def _where_shape(condition: Q) -> str | None:
+    return repr(condition) if _plain_condition(condition) else None
+
+
+def _expression_kind(expression: Any) -> Any:
+    return ("expression", repr(expression)) if _known_expression(expression) else None
+
+
 def _value_kind(value: Any) -> Any:
     """How a written value shapes the statement: NULL, a parameter, or this expression."""
     if value is None:
@@ -156,7 +179,7 @@ def _value_kind(value: Any) -> Any:
     if hasattr(value, "kept_shape"):  # an expression that gives its own parameters (`KeptExpression`)
         return ("kept", type(value).__qualname__, value.kept_shape())
     if hasattr(value, "resolve_expression"):
-        return ("expression", repr(value)) if _known_expression(value) else None
+        return _remembered(value, "_kept_kind", _expression_kind)
     if hasattr(value, "prepare_database_save"):
         return None  # a model instance: the ORM's way
     return "value"

@@ -39,16 +39,14 @@ def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
     job ever overlap). Then ClaimDeferred says when to try again. Both are judged by the
     database's clock (`jobs.clock`), as every lease and due time is written with it.
     """
-    now = db_now()
     try:
         return job_transition(
             job_id=job_id,
             to=Status.PROCESSING,
-            from_=[Status.PENDING],
-            where=(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-            & (Q(run_after__isnull=True) | Q(run_after__lte=now)),
+            from_=_FROM_PENDING,
+            where=_claimable(db_now()),
             fields={
-                "attempts": F("attempts") + 1,
+                "attempts": _NEXT_ATTEMPT,
                 "lease_expires_at": lease_deadline(),
                 "worker": worker[:200],
                 "task_id": task_id[:64],
@@ -71,6 +69,24 @@ def job_claim(*, job_id: Any, worker: str = "", task_id: str = "") -> Job:
                 retry_in=(run_after - now).total_seconds(), kind=current["kind"],
             ) from exc
         raise
+
+
+_FROM_PENDING = (Status.PENDING,)
+_NEXT_ATTEMPT = F("attempts") + 1
+_claimable_last: tuple[Any, Q | None] = (None, None)  # (now, its condition): one object while the clock stands
+
+
+def _claimable(now: Any) -> Q:
+    """A job a run may claim now: no live lease of an earlier run, and past its back-off. The
+    same condition object while `now` is (`jobs.clock`), so a claim's statement shape is worked
+    out once (`jobs.statements`)."""
+    global _claimable_last
+    last_now, condition = _claimable_last
+    if last_now is not now or condition is None:
+        condition = ((Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+                     & (Q(run_after__isnull=True) | Q(run_after__lte=now)))
+        _claimable_last = (now, condition)
+    return condition
 
 
 def job_hand_back(*, job: Job, reason: str) -> Job:

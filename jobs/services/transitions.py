@@ -12,12 +12,12 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import replace
-from functools import partial
+from functools import cache, partial
 from typing import Any, NoReturn
 
 import redis
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q
 
 from jobs.broker import (
     dispatch_mark,
@@ -34,14 +34,17 @@ from jobs.events import job_update_with_event, one_statement_write
 from jobs.extensions import transition_hooks_for
 from jobs.models import Job
 from jobs.registry import kind_get
-from jobs.statements import MoveRows
+from jobs.statements import NEXT_EVENT_SEQ, MoveRows
 
 Status = Job.Status
 logger = logging.getLogger(__name__)
 
 
-def _sources_for(to: str) -> set[str]:
-    return {source for source, targets in Job.TRANSITIONS.items() if to in targets}
+@cache
+def _sources_for(to: str, from_: tuple[str, ...] | None) -> frozenset[str]:
+    """The statuses a job may move to `to` from (narrowed to `from_` when given)."""
+    sources = {source for source, targets in Job.TRANSITIONS.items() if to in targets}
+    return frozenset(sources if from_ is None else sources & set(from_))
 
 
 def job_transition(
@@ -76,11 +79,9 @@ def job_transition(
     the job's Celery task is sent after the commit (after `countdown` seconds). Raises
     JobNotFound, or InvalidTransition naming the current status.
     """
-    sources = _sources_for(to)
-    if from_ is not None:
-        sources &= set(from_)
+    sources = _sources_for(to, None if from_ is None else tuple(from_))
     now = db_now()
-    values: dict[str, Any] = {"status": to, "event_seq": F("event_seq") + 1, "updated_at": now}
+    values: dict[str, Any] = {"status": to, "event_seq": NEXT_EVENT_SEQ, "updated_at": now}
     if to == Status.PROCESSING:
         values["started_at"] = now
     if to in Job.TERMINAL:
@@ -99,7 +100,7 @@ def job_transition(
     after = [hook for hook in hooks if not hook.before]
     # A child's end wakes its gathering parent in the same transaction (jobs.services.family).
     family = to in Job.TERMINAL and has_parent is not False
-    move = MoveRows(job_id=job_id, sources=frozenset(sources), only_attempt=only_attempt, where=where)
+    move = MoveRows(job_id=job_id, sources=sources, only_attempt=only_attempt, where=where)
     written = None
     if after and not family and all(hook.needed_when is not None for hook in after):
         # First as the one statement, where no after-hook is needed (an owner without webhooks):

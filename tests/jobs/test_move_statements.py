@@ -163,3 +163,26 @@ def test_a_column_written_with_the_name_of_a_condition_keeps_its_own_value(monke
         job_transition(job_id=job.pk, to="pending", from_=["processing"], only_attempt=job.attempts,
                        fields={"attempts": attempts})
     assert [Job.objects.get(pk=job.pk).attempts for job in claimed] == [7, 9]
+
+
+def test_a_claims_shape_is_worked_out_once_on_the_objects_it_passes_again(monkeypatch):
+    """The claim's condition and the clock's times are the same objects from one claim to the
+    next, and the shape worked out from them (their `repr`) is kept on them: a second claim
+    neither builds its statement nor works out a condition's or an expression's shape again."""
+    first, second, third = _pending(3, monkeypatch)
+    job_claim(job_id=first.pk, worker="w", task_id="t")
+    worked_out: list = []
+    for name in ("_where_shape", "_expression_kind"):
+        real = getattr(statements, name)
+        monkeypatch.setattr(statements, name, lambda thing, real=real: worked_out.append(thing) or real(thing))
+    built = _count_builds(monkeypatch)
+    job_claim(job_id=second.pk, worker="w", task_id="t")
+    assert (worked_out, built) == ([], [])
+    # A clock moved by a test (jobs.testing.Clock) gives other objects, whose shape is worked out anew.
+    from datetime import timedelta
+
+    from jobs.clock import clock_shift
+
+    with clock_shift(lambda: timedelta(seconds=5)):
+        claimed = job_claim(job_id=third.pk, worker="w", task_id="t")
+    assert worked_out and claimed.status == Job.Status.PROCESSING

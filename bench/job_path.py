@@ -1,0 +1,200 @@
+"""A no-op job's own cost in one process: the platform's run against the floor's two statements.
+
+    DATABASE_URL=postgres://… REDIS_URL=redis://… python bench/job_path.py [--count 2000] [--rounds 5]
+
+No Celery and no other process: what `bench/shipped.py` cannot separate from the machine's drift.
+Each round times, on the same connection to PostgreSQL and Redis, back to back:
+
+1. the platform: `job_execute` (the pool process's whole run: claim, handler, outcome, the two
+   events written and pushed) over `--count` pending `demo.noop` jobs;
+2. the floor: the same two statements (the claim and the outcome, each an UPDATE with its event's
+   INSERT), taken verbatim from the platform at the start (`bench.bare_durable`), sent on a psycopg
+   connection of their own over as many jobs on copies of the platform's tables.
+
+It prints each round's CPU per job (this process's, `time.process_time`) and the median round,
+and the Python calls per job of each (cProfile, one counted pass of 200 jobs: a figure the
+machine's speed does not move). The jobs are written before each timed loop, untimed. The
+database's tables are the platform's own (migrated here); the bench's copies are dropped at the
+end. Writes `bench/results/job-path-<UTC timestamp>.json` and `job-path-latest.md`.
+
+Hot loops run faster than a pool process does (each job there follows an idle wait: see
+bench/README.md, "Whose CPU a job costs"), so compare the two rows with each other, not with the
+shipped bench's CPU per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+if str(BASE_DIR) not in sys.path:  # run as a script
+    sys.path.insert(0, str(BASE_DIR))
+
+from bench.throughput import RESULTS_DIR, code_revision  # noqa: E402
+
+COUNTED = 200  # jobs of the pass whose Python calls are counted
+WARMUP = 50  # jobs run first, untimed, by each side (connections, prepared statements, caches)
+
+
+def platform_side() -> tuple[Callable[[int], list], Callable[[list], None]]:
+    """(make n pending no-op jobs, run them with `job_execute`)."""
+    from jobs.runner import job_execute
+    from jobs.services import jobs_submit_many
+
+    def make(n: int) -> list:
+        with mock.patch("jobs.services.transitions.jobs_dispatch"):  # run here, by no worker
+            return [job.pk for job in jobs_submit_many(kind="demo.noop", inputs=[{}] * n)]
+
+    def run(ids: list) -> None:
+        for job_id in ids:
+            outcome = job_execute(job_id=job_id, worker="bench pid 0", worker_hostname="bench", task_id="bench")
+            if outcome != "completed":
+                raise SystemExit(f"bench: job {job_id} ended {outcome!r}, not completed")
+
+    return make, run
+
+
+def floor_side(dsn: str) -> tuple[Callable[[int], list], Callable[[list], None], Any]:
+    """(make n pending jobs in the bench's tables, run the two statements for each, the
+    connection to close at the end)."""
+    import psycopg
+
+    from bench import bare_durable
+
+    statements = bare_durable.capture_statements()
+    conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=0)
+    bare_durable.create_tables(conn)
+    cursor = conn.cursor()
+
+    def make(n: int) -> list:
+        ids = [uuid.uuid4() for _ in range(n)]
+        bare_durable.insert_pending(conn, ids)
+        return [str(job_id) for job_id in ids]
+
+    def run(ids: list) -> None:
+        for job_id in ids:
+            # As `bare_durable.run` does, in its worker.
+            params = {"id": job_id, "worker": "bench pid 0", "task": "bench", "now": datetime.now(UTC)}
+            if cursor.execute(statements["claim"], params).fetchone() is None:
+                raise SystemExit(f"bench: the floor's job {job_id} was not claimed")
+            params["now"] = datetime.now(UTC)
+            cursor.execute(statements["outcome"], params).fetchone()
+
+    return make, run, conn
+
+
+def timed(make: Callable[[int], list], run: Callable[[list], None], count: int) -> dict[str, float]:
+    ids = make(count)
+    cpu, wall = time.process_time(), time.perf_counter()
+    run(ids)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return {"cpu_ms_per_job": round(cpu / len(ids) * 1000, 4), "wall_ms_per_job": round(wall / len(ids) * 1000, 4)}
+
+
+def calls_per_job(make: Callable[[int], list], run: Callable[[list], None], count: int) -> float:
+    ids = make(count)
+    profile = cProfile.Profile()
+    profile.runcall(run, ids)
+    return round(pstats.Stats(profile).total_calls / len(ids), 1)
+
+
+def measure(count: int, rounds: int, dsn: str) -> dict[str, Any]:
+    """`rounds` rounds of `count` jobs a side; the bench's tables are dropped at the end."""
+    sides = {"platform": platform_side()}
+    make, run, conn = floor_side(dsn)
+    sides["floor"] = (make, run)
+    try:
+        for make, run in sides.values():
+            run(make(WARMUP))
+        per_round = []
+        for number in range(1, rounds + 1):
+            row: dict[str, Any] = {name: timed(make, run, count) for name, (make, run) in sides.items()}
+            row["round"] = number
+            row["ratio"] = round(row["platform"]["cpu_ms_per_job"] / row["floor"]["cpu_ms_per_job"], 2)
+            per_round.append(row)
+            print(f"round {number}: platform {row['platform']['cpu_ms_per_job']:.3f} ms, floor "
+                  f"{row['floor']['cpu_ms_per_job']:.3f} ms of CPU per job ({row['ratio']}×)", flush=True)
+        calls = {name: calls_per_job(make, run, min(count, COUNTED)) for name, (make, run) in sides.items()}
+    finally:
+        from bench import bare_durable
+
+        conn.execute(f"DROP TABLE IF EXISTS {bare_durable.EVENTS}, {bare_durable.JOBS}")
+        conn.close()
+    median = {name: round(statistics.median(row[name]["cpu_ms_per_job"] for row in per_round), 4) for name in sides}
+    return {"rounds": per_round, "median_cpu_ms_per_job": median,
+            "median_ratio": round(statistics.median(row["ratio"] for row in per_round), 2),
+            "python_calls_per_job": calls}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    median, calls = result["median_cpu_ms_per_job"], result["python_calls_per_job"]
+    lines = [
+        f"# A no-op job's own cost in one process ({result['when']}, code {result['revision']})",
+        "",
+        f"{result['machine']}; {result['count']} jobs a side a round, {len(result['rounds'])} rounds, alternating; "
+        "`bench/job_path.py`.",
+        "",
+        "| round | platform, CPU ms/job | floor, CPU ms/job | platform × floor |",
+        "|---:|---:|---:|---:|",
+    ]
+    for row in result["rounds"]:
+        lines.append(f"| {row['round']} | {row['platform']['cpu_ms_per_job']:.3f} | "
+                     f"{row['floor']['cpu_ms_per_job']:.3f} | {row['ratio']} |")
+    lines += [
+        f"| median | {median['platform']:.3f} | {median['floor']:.3f} | {result['median_ratio']} |",
+        "",
+        f"Python calls per job: the platform {calls['platform']:,.0f}, the floor {calls['floor']:,.0f}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=2000, help="jobs a side a round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    if args.count < 1 or args.rounds < 1:
+        raise SystemExit("bench: --count and --rounds must be at least 1")
+    dsn = os.environ.get("DATABASE_URL", "")
+    if not dsn.startswith("postgres") or not os.environ.get("REDIS_URL"):
+        raise SystemExit("bench: set DATABASE_URL (PostgreSQL; the bench migrates it and writes jobs into it) "
+                         "and REDIS_URL (the events are pushed there)")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.development")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    measured = measure(args.count, args.rounds, dsn)
+    result = {"when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "revision": code_revision()["commit"],
+              "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}", "count": args.count,
+              **measured}
+    text = markdown(result)
+    print(text)
+    if not args.no_write:
+        RESULTS_DIR.mkdir(exist_ok=True)
+        stamp = result["when"].replace(":", "").replace("-", "")
+        (RESULTS_DIR / f"job-path-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (RESULTS_DIR / "job-path-latest.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""bench/job_path.py at a small size: both sides run every job they make, on the real
+PostgreSQL and Redis, and the bench's tables go at the end."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from psycopg.conninfo import make_conninfo
+
+from jobs.models import Job
+
+pytestmark = [
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the floor's statements are PostgreSQL's"),
+    pytest.mark.django_db(transaction=True),
+]
+
+
+def _dsn() -> str:
+    params = connection.get_connection_params()
+    return make_conninfo("", **{key: params[key] for key in ("dbname", "host", "port", "user", "password")
+                                if params.get(key) not in (None, "")})
+
+
+def test_the_job_path_bench_times_both_sides_and_counts_their_calls():
+    from bench import bare_durable, job_path
+
+    result = job_path.measure(count=12, rounds=2, dsn=_dsn())
+    assert [row["round"] for row in result["rounds"]] == [1, 2]
+    for row in result["rounds"]:
+        for side in ("platform", "floor"):
+            assert row[side]["cpu_ms_per_job"] > 0 and row[side]["wall_ms_per_job"] > 0
+    calls = result["python_calls_per_job"]
+    assert calls["platform"] > calls["floor"] > 0
+    # Every job the platform's side made ran to its end: the one whose statements the floor takes, the
+    # warm-up's, both rounds', the counted pass's.
+    assert Job.objects.filter(status=Job.Status.COMPLETED).count() == 1 + job_path.WARMUP + 2 * 12 + 12
+    assert not Job.objects.exclude(status=Job.Status.COMPLETED).exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s), to_regclass(%s)", [bare_durable.JOBS, bare_durable.EVENTS])
+        assert cursor.fetchone() == (None, None)
+    assert "| median |" in job_path.markdown({**result, "when": "now", "revision": "r", "machine": "m", "count": 12})

@@ -417,7 +417,11 @@ DURABLE_STATEMENTS = BASE_DIR / "var" / "bench-durable-statements.json"
 def durable_worker(concurrency: int, redis_url: str) -> Iterator[tuple[subprocess.Popen, Any, Any]]:
     """The bare + SQL worker (bench/bare_durable.py) running, with the bench's copies of the
     platform's tables and the two statements taken from the platform: yields the worker, a
-    connection, and a function counting the completed jobs. The tables go at the end."""
+    connection, and a function counting the completed jobs.
+
+    The copies are made once per run and keep their rows from one phase to the next, as the
+    platform's tables keep its jobs (the bench's database is made afresh at the start of a run): a
+    later round's floor runs on tables as full as the platform's, not on empty ones."""
     import psycopg
 
     from bench import bare_durable
@@ -426,7 +430,8 @@ def durable_worker(concurrency: int, redis_url: str) -> Iterator[tuple[subproces
     DURABLE_STATEMENTS.write_text(json.dumps(bare_durable.capture_statements()))
     dsn = os.environ["DATABASE_URL"]
     conn = psycopg.connect(dsn, autocommit=True)
-    bare_durable.create_tables(conn)
+    if conn.execute("SELECT to_regclass(%s)", [bare_durable.JOBS]).fetchone()[0] is None:
+        bare_durable.create_tables(conn)
     env = {bare_durable.STATEMENTS_ENV: str(DURABLE_STATEMENTS), "BENCH_DURABLE_DSN": dsn}
     try:
         with baseline_worker("bench.bare_durable", "durable", concurrency, redis_url, env) as worker:
@@ -436,12 +441,11 @@ def durable_worker(concurrency: int, redis_url: str) -> Iterator[tuple[subproces
                 count_sql = f"SELECT count(*) FROM {bare_durable.JOBS} WHERE status = 'completed'"
                 return conn.execute(count_sql).fetchone()[0]
 
+            done = completed()
             bare_durable.submit(conn, 1)
-            wait_for(lambda: completed() >= 1, 60, "the durable baseline's first job")
-            conn.execute(f"TRUNCATE {bare_durable.EVENTS}, {bare_durable.JOBS}")
+            wait_for(lambda: completed() > done, 60, "the durable baseline's first job")
             yield worker, conn, completed
     finally:
-        conn.execute(f"DROP TABLE IF EXISTS {bare_durable.EVENTS}, {bare_durable.JOBS}")
         conn.close()
 
 
@@ -472,6 +476,16 @@ def handoff_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
         return summary_ms(delays)
 
 
+def durable_tables_drop() -> None:
+    """The end of a run: the bench's copies of the platform's tables go (`durable_worker`)."""
+    import psycopg
+
+    from bench import bare_durable
+
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {bare_durable.EVENTS}, {bare_durable.JOBS}")
+
+
 def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
     """bare Celery plus the platform's own SQL per job (bench/bare_durable.py), until the bench's
     copy of the jobs table says all N are completed."""
@@ -481,13 +495,15 @@ def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
         since = datetime.now(UTC)
         budget = CpuBudget(worker.pid)
         budget.start()
+        done = completed()
         started = time.perf_counter()
-        bare_durable.submit(conn, count)
+        ids = bare_durable.submit(conn, count)
         submitted = time.perf_counter() - started
-        wait_for(lambda: completed() >= count, 600, f"{count} durable baseline jobs", interval=0.25)
+        wait_for(lambda: completed() >= done + count, 600, f"{count} durable baseline jobs", interval=0.25)
         seconds = time.perf_counter() - started
         cpu_ms = budget.stop(count)
-        first, last = conn.execute(f"SELECT min(started_at), max(finished_at) FROM {bare_durable.JOBS}").fetchone()
+        first, last = conn.execute(f"SELECT min(started_at), max(finished_at) FROM {bare_durable.JOBS} "
+                                   "WHERE id = ANY(%s::uuid[])", [ids]).fetchone()
         return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
                 "submit_seconds": round(submitted, 3), **drain_figures(count, since, first, last),
                 "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid), "cpu_ms_per_job": cpu_ms,
@@ -1186,6 +1202,7 @@ def main() -> int:
             print(f"scale: {web} web processes", flush=True)
             runs.append(run_configuration(args, worker_concurrency=args.concurrency, web_concurrency=web,
                                           phases={"api"}))
+    durable_tables_drop()
     revision = code_revision()["commit"]
     result = {"when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "revision": revision,
               "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}", "clients": args.clients,

@@ -156,12 +156,15 @@ def _remembered(thing: Any, name: str, work_out: Any) -> Any:
     """`work_out(thing)`, kept on `thing` (an expression or a condition) under `name`: a move
     that passes the same object again (`jobs.clock`'s times, a module's constant expressions
     and conditions) does not work its shape out again. The ORM never changes an expression it
-    is given (it resolves a copy)."""
-    try:
-        return thing.__dict__[name]
-    except KeyError:
-        value = thing.__dict__[name] = work_out(thing)
-        return value
+    is given (it resolves a copy). A copy of the object (`copy.copy` takes its `__dict__`, and
+    the copy may then be changed) is not the object the value was worked out for: the value is
+    kept with that object's id, and worked out again for any other."""
+    kept = thing.__dict__.get(name)
+    if kept is not None and kept[0] == id(thing):
+        return kept[1]
+    value = work_out(thing)
+    thing.__dict__[name] = (id(thing), value)
+    return value
 
 
 def _where_shape(condition: Q) -> str | None:

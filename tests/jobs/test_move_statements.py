@@ -186,3 +186,17 @@ def test_a_claims_shape_is_worked_out_once_on_the_objects_it_passes_again(monkey
     with clock_shift(lambda: timedelta(seconds=5)):
         claimed = job_claim(job_id=third.pk, worker="w", task_id="t")
     assert worked_out and claimed.status == Job.Status.PROCESSING
+
+
+def test_a_copy_of_an_expression_has_its_shape_worked_out_again():
+    """`copy.copy` takes the kept shape along with the `__dict__`; the copy, which may then be
+    changed, gets its own."""
+    import copy
+
+    from django.db.models import Value
+
+    original = F("attempts") + 1
+    assert statements._value_kind(original) == ("expression", repr(original))
+    changed = copy.copy(original)
+    changed.rhs = Value(2)
+    assert statements._value_kind(changed) == ("expression", repr(changed)) != statements._value_kind(original)

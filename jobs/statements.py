@@ -66,6 +66,9 @@ class MoveRows:
     no_feature_rows: bool = False
     # A step's begin: only while the checkpoint holds no result under this key.
     without_checkpoint_key: str | None = None
+    # A resume or a wake: only while the job is suspended on this (`Job.suspended_on`). A value of
+    # the statement, not of its shape: every answer and every wake names its own question or wait.
+    suspended_on: str | None = None
     # Only where none of these transition hooks is needed (their `needed_when`).
     unless_needed: tuple[TransitionHook, ...] = ()
 
@@ -82,6 +85,8 @@ class MoveRows:
             rows = rows.filter(feature_rows=False)
         if self.without_checkpoint_key is not None:
             rows = rows.exclude(checkpoint__has_key=self.without_checkpoint_key)
+        if self.suspended_on is not None:
+            rows = rows.filter(suspended_on=self.suspended_on)
         for hook in self.unless_needed:
             rows = rows.filter(~hook.needed_when())
         return rows
@@ -94,7 +99,8 @@ class MoveRows:
                 return None
         sources = None if self.sources is None else tuple(sorted(self.sources))
         return (sources, self.only_attempt is not None, where, self.no_feature_rows,
-                self.without_checkpoint_key is not None, tuple(hook.name for hook in self.unless_needed))
+                self.without_checkpoint_key is not None, tuple(hook.name for hook in self.unless_needed),
+                self.suspended_on is not None)
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ class _Kept:
     params: tuple
     # (index in params, where the value comes from, the field or a count): the source is a column
     # written (its name), or a value of the WHERE ("where:pk", "where:attempts",
-    # "where:checkpoint_key"; no column name has a colon)
+    # "where:checkpoint_key", "where:suspended_on"; no column name has a colon)
     slots: tuple[tuple[int, str, Any], ...]
 
 
@@ -130,6 +136,8 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
             params[index] = _lookup_value(field, rows.only_attempt, connection)
         elif source == "where:checkpoint_key":
             params[index] = rows.without_checkpoint_key
+        elif source == "where:suspended_on":
+            params[index] = _lookup_value(field, rows.suspended_on, connection)
         elif isinstance(field, int):  # a KeptExpression's parameters, `field` of them
             params[index:index + field] = fields[source].kept_params()
         else:
@@ -262,16 +270,28 @@ def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str
             slots.append((index, "where:checkpoint_key", None))
         elif isinstance(child, Exact) and isinstance(child.lhs, Col):
             target = child.lhs.target
-            source = ("where:pk" if target.primary_key else "where:attempts" if target.name == "attempts"
-                      else None)
+            source = _where_slot(target, rows)
             if source is not None:
-                if count != 1:
+                if count != 1 or any(taken == source for _, taken, _ in slots):  # a column compared twice
                     return sql, params, None
                 slots.append((index, source, target))
         index += count
     if index != len(params):
         return sql, params, None
     return sql, params, tuple(slots)
+
+
+def _where_slot(target: Any, rows: MoveRows) -> str | None:
+    """Where a value compared with the column `target` in the WHERE comes from at a reuse: the
+    move's own id, run and suspension (`MoveRows`). None for any other comparison, whose value is
+    part of the shape (`where`, by its `repr`): never taken from a `MoveRows` field that is unset."""
+    if target.primary_key:
+        return "where:pk"
+    if target.name == "attempts" and rows.only_attempt is not None:
+        return "where:attempts"
+    if target.name == "suspended_on" and rows.suspended_on is not None:
+        return "where:suspended_on"
+    return None
 
 
 def _is_checkpoint_key_exclusion(child: Any, rows: MoveRows) -> bool:

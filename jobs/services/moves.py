@@ -257,7 +257,7 @@ def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None, on: str | N
     and dispatch it. With `on`, only if the job is suspended on that (`question:<key>`)."""
     return job_transition(
         job_id=job_id, to=Status.PENDING, from_=[Status.PAUSED], fields={"run_after": None}, message=reason,
-        dispatch=True, where=None if on is None else Q(suspended_on=on),
+        dispatch=True, suspended_on=on,
     )
 
 
@@ -268,7 +268,7 @@ def job_wake(*, job_id: Any, on: str, reason: dict[str, Any] | None = None) -> J
     woken this way (InvalidTransition)."""
     return job_transition(
         job_id=job_id, to=Status.PENDING, from_=[Status.WAITING], fields={"run_after": None}, message=reason,
-        dispatch=True, where=Q(suspended_on=on),
+        dispatch=True, suspended_on=on,
     )
 
 

@@ -58,6 +58,7 @@ def job_transition(
     countdown: float | None = None,
     only_attempt: int | None = None,
     where: Q | None = None,
+    suspended_on: str | None = None,
     has_owner: bool | None = None,
     has_parent: bool | None = None,
     actor: Any = None,
@@ -66,8 +67,8 @@ def job_transition(
     """Move a job to status `to` and return the updated row.
 
     In one transaction: a single conditional `UPDATE … RETURNING` locks the row, checks the move
-    against `Job.TRANSITIONS` (narrowed to `from_` when given, to the run `only_attempt` and
-    to the extra condition `where` when given), writes the status with `fields` and the next
+    against `Job.TRANSITIONS` (narrowed to `from_` when given, to the run `only_attempt`, to a
+    job suspended on `suspended_on` and to the extra condition `where` when given), writes the status with `fields` and the next
     event seq; then the `status` event is inserted. Leaving `processing` releases the run's
     lease, except for `cancelled`, where the run may still be winding down. Then the transition
     hooks registered for `to` run (`jobs.extensions.transition_hook`), with `actor` and `channel`
@@ -100,7 +101,7 @@ def job_transition(
     after = [hook for hook in hooks if not hook.before]
     # A child's end wakes its gathering parent in the same transaction (jobs.services.family).
     family = to in Job.TERMINAL and has_parent is not False
-    move = MoveRows(job_id=job_id, sources=sources, only_attempt=only_attempt, where=where)
+    move = MoveRows(job_id=job_id, sources=sources, only_attempt=only_attempt, where=where, suspended_on=suspended_on)
     written = None
     if after and not family and all(hook.needed_when is not None for hook in after):
         # First as the one statement, where no after-hook is needed (an owner without webhooks):

@@ -200,3 +200,40 @@ def test_a_copy_of_an_expression_has_its_shape_worked_out_again():
     changed = copy.copy(original)
     changed.rhs = Value(2)
     assert statements._value_kind(changed) == ("expression", repr(changed)) != statements._value_kind(original)
+
+
+def test_wakes_of_different_waits_share_one_statement_and_each_wakes_only_its_own(monkeypatch):
+    """The wait or question a resume names is a value of its statement, not of its shape: before,
+    every answer and every wake was built by the ORM anew and kept under a shape of its own."""
+    from jobs.errors import InvalidTransition
+    from jobs.services import job_wake
+
+    jobs = _pending(3, monkeypatch)
+    for job, key in zip(jobs, ["wait:a", "wait:b", "wait:c"], strict=True):
+        claimed = job_claim(job_id=job.pk, worker="w", task_id="t")
+        job_transition(job_id=job.pk, to=Job.Status.WAITING, from_=[Job.Status.PROCESSING],
+                       only_attempt=claimed.attempts, fields={"suspended_on": key})
+    built = _count_builds(monkeypatch)
+    assert job_wake(job_id=jobs[0].pk, on="wait:a").status == Job.Status.PENDING
+    assert job_wake(job_id=jobs[1].pk, on="wait:b").status == Job.Status.PENDING
+    assert len(built) == 1
+    with pytest.raises(InvalidTransition):
+        job_wake(job_id=jobs[2].pk, on="wait:a")  # parked on another wait
+    jobs[2].refresh_from_db()
+    assert jobs[2].status == Job.Status.WAITING
+
+
+def test_a_condition_on_the_attempt_given_as_where_keeps_its_own_value(monkeypatch):
+    """Only a move's own run (`only_attempt`) fills the attempt's place at a reuse; an attempt
+    compared in `where` is part of the shape, value and all."""
+    from django.db.models import Q
+
+    first, second = _pending(2, monkeypatch)
+    for job in (first, second):
+        job_claim(job_id=job.pk, worker="w", task_id="t")
+    rows = [MoveRows(job_id=job.pk, sources=frozenset({Job.Status.PROCESSING}), where=Q(attempts=1))
+            for job in (first, second)]
+    fields = {"event_seq": F("event_seq") + 1}
+    move_statement(rows[0], fields, connection)
+    sql, params = move_statement(rows[1], fields, connection)  # kept: the same shape
+    assert 1 in params and None not in params

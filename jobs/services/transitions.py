@@ -67,18 +67,18 @@ def job_transition(
     """Move a job to status `to` and return the updated row.
 
     In one transaction: a single conditional `UPDATE … RETURNING` locks the row, checks the move
-    against `Job.TRANSITIONS` (narrowed to `from_` when given, to the run `only_attempt`, to a
-    job suspended on `suspended_on` and to the extra condition `where` when given), writes the status with `fields` and the next
-    event seq; then the `status` event is inserted. Leaving `processing` releases the run's
-    lease, except for `cancelled`, where the run may still be winding down. Then the transition
-    hooks registered for `to` run (`jobs.extensions.transition_hook`), with `actor` and `channel`
-    (who asked, through what). `has_owner` (when the caller knows; an owner never changes) lets
-    an ownerless job's move skip the transaction that owners-only hooks would need (see
-    `_transition_transaction`); so does `has_parent` (a child's end wakes a parent that gathers
+    against `Job.TRANSITIONS` (narrowed to `from_` when given, to the run `only_attempt`, to a job
+    suspended on `suspended_on` and to the extra condition `where` when given), writes the status
+    with `fields` and the next event seq; then the `status` event is inserted. Leaving `processing`
+    releases the run's lease, except for `cancelled`, where the run may still be winding down. Then
+    the transition hooks registered for `to` run (`jobs.extensions.transition_hook`), with `actor`
+    and `channel` (who asked, through what). `has_owner` (when the caller knows; an owner never
+    changes) lets an ownerless job's move skip the transaction that owners-only hooks would need
+    (see `_transition_transaction`); so does `has_parent` (a child's end wakes a parent that gathers
     it, in the same transaction: `jobs.services.family`). The times it writes (`updated_at`,
-    `started_at`, `finished_at`) are the database's (`jobs.clock`). With `dispatch`,
-    the job's Celery task is sent after the commit (after `countdown` seconds). Raises
-    JobNotFound, or InvalidTransition naming the current status.
+    `started_at`, `finished_at`) are the database's (`jobs.clock`). With `dispatch`, the job's
+    Celery task is sent after the commit (after `countdown` seconds). Raises JobNotFound, or
+    InvalidTransition naming the current status.
     """
     sources = _sources_for(to, None if from_ is None else tuple(from_))
     now = db_now()

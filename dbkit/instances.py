@@ -5,8 +5,8 @@ its descriptor, one `setattr` at a time, and sends `pre_init` and `post_init`. F
 holds every concrete field, in the model's order, the result is the same instance as filling
 its `__dict__` at once: a field's descriptor keeps the value under the field's `attname` in
 `__dict__` (a foreign key's `__set__` also clears a cached related object, which a new instance
-does not have). On the platform's hot path (the row every status move returns) that is about
-a twentieth of a no-op job's CPU.
+does not have). On the platform's hot path (the job's row every move returns, and its event's)
+that saved about 2 % of a no-op job's instructions (bench/README.md, "A job's moves").
 
 When a receiver listens to `pre_init` or `post_init` for the model, `from_db` is used as before:
 such a receiver expects to run.

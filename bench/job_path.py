@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import os
 import platform
 import pstats
@@ -44,7 +43,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 if str(BASE_DIR) not in sys.path:  # run as a script
     sys.path.insert(0, str(BASE_DIR))
 
-from bench.throughput import RESULTS_DIR, code_revision  # noqa: E402
+from bench.throughput import code_revision, results_save  # noqa: E402
 
 COUNTED = 200  # jobs of the pass whose Python calls are counted
 WARMUP = 50  # jobs run first, untimed, by each side (connections, prepared statements, caches)
@@ -189,10 +188,7 @@ def main() -> int:
     text = markdown(result)
     print(text)
     if not args.no_write:
-        RESULTS_DIR.mkdir(exist_ok=True)
-        stamp = result["when"].replace(":", "").replace("-", "")
-        (RESULTS_DIR / f"job-path-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
-        (RESULTS_DIR / "job-path-latest.md").write_text(text)
+        results_save("job-path", result["when"], result, text)
     return 0
 
 

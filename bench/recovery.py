@@ -43,7 +43,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 if str(BASE_DIR) not in sys.path:
     sys.path.insert(0, str(BASE_DIR))
 
-from bench.throughput import RESULTS_DIR, code_revision  # noqa: E402
+from bench.throughput import code_revision, results_save  # noqa: E402
 
 DATABASE = "recovery_bench"
 LOG_DIR = BASE_DIR / "var" / "recovery"
@@ -197,11 +197,8 @@ def main() -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(result, indent=2))
     if not args.no_write:
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.fromisoformat(result["date"]).strftime("%Y%m%dT%H%M%SZ")
-        (RESULTS_DIR / f"recovery-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
         r, k, b = result["redis_restart"], result["pool_process_killed"], result["backlog"]
-        (RESULTS_DIR / "recovery-latest.md").write_text(
+        results_save("recovery", result["date"], result, latest=(
             "# Recovery (`bench/recovery.py`)\n\n"
             f"{result['date']}, revision {result['revision']['commit']}, {result['timings']}.\n\n"
             "| fault | figure |\n| --- | --- |\n"
@@ -214,7 +211,7 @@ def main() -> int:
             f"| {b['jobs']:,} jobs queued behind a busy worker, {b['passes']} reconciler passes past the grace | "
             f"at most {b['most_messages_above_need']} message(s) above the jobs that need one; re-sent per pass: "
             f"{b['re_sent']} |\n"
-        )
+        ))
     return 0
 
 

@@ -70,7 +70,7 @@ sys.path.insert(0, str(BASE_DIR))
 
 from bench.recovery import port_free as free_port  # noqa: E402
 from bench.recovery import wait_for  # noqa: E402
-from bench.throughput import RESULTS_DIR, code_revision  # noqa: E402
+from bench.throughput import code_revision, results_save  # noqa: E402
 from bench.wake import percentile  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
@@ -1210,10 +1210,7 @@ def main() -> int:
     text = markdown(result)
     print(text)
     if not args.no_write:
-        RESULTS_DIR.mkdir(exist_ok=True)
-        stamp = result["when"].replace(":", "").replace("-", "")
-        (RESULTS_DIR / f"shipped-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
-        (RESULTS_DIR / "shipped-latest.md").write_text(text)
+        results_save("shipped", result["when"], result, text)
     return 0
 
 

@@ -509,11 +509,20 @@ def table_print(result: dict[str, Any], warnings_first: list[str]) -> None:
     print(f"aim platform/bare >= {AIM}: {verdict} (median ratio {ratio:.2f})\n")
 
 
-def results_write(result: dict[str, Any]) -> Path:
+def results_save(name: str, when: str, result: dict[str, Any], latest: str | None = None) -> Path:
+    """Write a bench's `result` to `bench/results/<name>-<UTC timestamp of when>.json` and, when
+    given, its `latest` table to `<name>-latest.md`; return the JSON's path. `when` is ISO 8601."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.fromisoformat(result["date"]).strftime("%Y%m%dT%H%M%SZ")
-    path = RESULTS_DIR / f"throughput-{stamp}.json"
+    stamp = datetime.fromisoformat(when).strftime("%Y%m%dT%H%M%SZ")
+    path = RESULTS_DIR / f"{name}-{stamp}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
+    if latest is not None:
+        (RESULTS_DIR / f"{name}-latest.md").write_text(latest)
+    return path
+
+
+def results_write(result: dict[str, Any]) -> Path:
+    path = results_save("throughput", result["date"], result)
     latest_write()
     return path
 

@@ -74,6 +74,9 @@ class DirectPush:
     # A larger write (a job whose input or result is large, on the feed) goes through the thread:
     # the kernel may not take it at once, and a write it cannot take gives the connection up.
     max_write = 64 * 1024
+    # Pushes written in one command at most: more at once (a batch's first events) are written
+    # as several commands, one write each (`Publisher.send_all`).
+    max_pushes = 32
 
     def __init__(self, layer: Any, connection: Any) -> None:
         self.layer = layer
@@ -218,13 +221,17 @@ class Publisher:
         with self._lock:
             direct = self._direct
             if direct is not None and not self._queue and not self._sending:
-                try:
-                    direct.send(pushes)
+                size = direct.max_pushes
+                for start in range(0, len(pushes), size):
+                    try:
+                        direct.send(pushes[start:start + size])
+                    except Unsent as exc:  # the thread sends these and the rest (and all, until it reconnects)
+                        if not exc.usable:
+                            self._direct_lost(direct, exc)
+                        pushes = [*exc.pushes, *pushes[start + size:]]
+                        break
+                else:
                     return
-                except Unsent as exc:  # the thread sends these (and the rest, until it reconnects)
-                    if not exc.usable:
-                        self._direct_lost(direct, exc)
-                    pushes = exc.pushes
             self._queue.extend(pushes)
             self._work.notify()  # wakes the thread if it waits; nothing to do while it sends
 
@@ -396,10 +403,21 @@ def event_publish(*, job: Job, event: JobEvent) -> None:
     Call it only after the event's transaction committed (`jobs.events.event_record` does so
     with `transaction.on_commit`), so no client ever sees an event that was rolled back.
     """
+    publish_all(_event_pushes(job, event))
+
+
+def events_publish(written: list[tuple[Job, JobEvent]]) -> None:
+    """`event_publish` each committed (job, event), in order, together: a batch's first events
+    (`manage.py submit --count`) go out in a few writes (`DirectPush.max_pushes` pushes each),
+    not one per job."""
+    publish_all([push for job, event in written for push in _event_pushes(job, event)])
+
+
+def _event_pushes(job: Job, event: JobEvent) -> list[tuple[str, dict[str, Any]]]:
     # The data only: a web process that has followers encodes their frame once for all of them
     # (`jobs.fanout.Push`). Most events are followed by nobody, and a pool process running a job
     # would otherwise encode each one for nothing (and send it twice over Redis).
     pushes = [(job_group(job.pk), {"type": "job.event", "job_id": str(job.pk), "event": event.as_dict()})]
     if event.type == JobEvent.Type.STATUS:
         pushes.append((FEED_GROUP, {"type": "job.status", "job": job_as_dict(job), "owner_id": job.owner_id}))
-    publish_all(pushes)
+    return pushes

@@ -22,7 +22,7 @@ from django.utils import timezone
 from dbkit.instances import instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor
-from jobs.broadcast import event_publish
+from jobs.broadcast import event_publish, events_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
 from jobs.models import Job, JobEvent, column_converters, converted, job_update_returning
@@ -64,8 +64,7 @@ def events_record_first(*, jobs: list[Job]) -> list[JobEvent]:
         [JobEvent(job_id=job.pk, seq=1, type="status", status=Job.Status.PENDING, message={}, created_at=now)
          for job in jobs]
     )
-    for job, event in zip(jobs, events, strict=True):
-        transaction.on_commit(partial(event_publish, job=job, event=event), robust=True)
+    transaction.on_commit(partial(events_publish, list(zip(jobs, events, strict=True))), robust=True)
     return events
 
 
@@ -128,7 +127,7 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
         job._state.db = Job.objects.db
         event.job_id = job.pk
         _event_saved(event, event_id)
-        transaction.on_commit(partial(event_publish, job=job, event=event), robust=True)
+    transaction.on_commit(partial(events_publish, list(zip(jobs, events, strict=True))), robust=True)
     return events
 
 

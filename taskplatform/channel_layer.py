@@ -76,16 +76,18 @@ _GROUP_MEMBERS_SHA = hashlib.sha1(_GROUP_MEMBERS.encode()).hexdigest()
 
 # Pushes to groups (KEYS), written by `jobs.broadcast` without waiting for the answer: for each
 # group, drop its expired members (scored at or before ARGV[1]), then add the group's message to
-# each of its members' keys as `group_send` does. ARGV: the oldest member score kept, the time
-# (the messages' score), the oldest message score kept, the keys' expiry, the capacity of a key,
-# the layer's prefix, then one message head per group: the serialised message (its random prefix
-# and a msgpack map with one entry more than it holds, ending with the key `__asgi_channel__`), to
-# which the script appends the list of the member channels sharing the key. The members' keys are
-# computed here (as `_map_channel_keys_to_connection` does), so a layer on one Redis host only.
-# Returns how many keys over their capacity were skipped.
+# each of its members' keys as `group_send` does. ARGV: the oldest member score kept, the oldest
+# message score kept, the keys' expiry, the capacity of a key, the layer's prefix, then for each
+# group its message's score (the time it was sent: a key gives its messages in score order, so
+# two messages of one command to the same key need different scores) and its message head: the
+# serialised message (its random prefix and a msgpack map with one entry more than it holds,
+# ending with the key `__asgi_channel__`), to which the script appends the list of the member
+# channels sharing the key. The members' keys are computed here (as
+# `_map_channel_keys_to_connection` does), so a layer on one Redis host only. Returns how many keys
+# over their capacity were skipped.
 _PUBLISH = """
-local oldest, now, stale, expiry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local capacity, prefix = tonumber(ARGV[5]), ARGV[6]
+local oldest, stale, expiry = ARGV[1], ARGV[2], ARGV[3]
+local capacity, prefix = tonumber(ARGV[4]), ARGV[5]
 local function packed_string(text)
     local size = #text
     if size < 32 then return string.char(0xa0 + size) .. text end
@@ -116,7 +118,7 @@ for index = 1, #KEYS do
     for _, key in ipairs(keys) do
         redis.call('ZREMRANGEBYSCORE', key, 0, stale)
         if redis.call('ZCARD', key) < capacity then
-            redis.call('ZADD', key, now, ARGV[6 + index] .. packed_list(channels[key]))
+            redis.call('ZADD', key, ARGV[4 + 2 * index], ARGV[5 + 2 * index] .. packed_list(channels[key]))
             redis.call('EXPIRE', key, expiry)
         else
             skipped = skipped + 1
@@ -126,6 +128,9 @@ end
 return skipped
 """
 _PUBLISH_SHA = hashlib.sha1(_PUBLISH.encode()).hexdigest()
+# A pushed message's score is at least this much above the one before it: the smallest step a
+# score near the current time (about 1.8e9 seconds, a double) keeps distinct, with a margin.
+PUSH_SCORE_STEP = 1e-6
 _CHANNELS_KEY = msgpack.packb("__asgi_channel__")
 
 
@@ -172,6 +177,7 @@ class RedisChannelLayer(BaseRedisChannelLayer):
         self.memberships: dict[str, set[str]] = {}  # group -> this process's channels in it
         self.rejoin_needed = False
         self.sync_clients: dict[int, Any] = {}  # host index -> a plain client (`connection_now`)
+        self._last_push_score = 0.0  # the score of the last message `push_command` wrote
 
     async def group_add(self, group: str, channel: str) -> None:
         await super().group_add(group, channel)
@@ -279,9 +285,14 @@ class RedisChannelLayer(BaseRedisChannelLayer):
     def push_command(self, pushes: list[tuple[str, dict]]) -> list[Any]:
         """The command (EVALSHA of `_PUBLISH`) that sends each (group, message) of `pushes` as
         `group_send` would: the same keys, scores, expiries and capacity, and each message as
-        `deserialize` reads it back, naming the member channels it is for."""
+        `deserialize` reads it back, naming the member channels it is for.
+
+        Each message is scored with the time, and later than the one before it: a key gives its
+        messages in score order, and pushes written together (or within the clock's resolution)
+        would otherwise share a score and be given in their random prefixes' order."""
         now = time.time()
-        keys, heads = [], []
+        score = self._last_push_score
+        keys, scored = [], []
         for group, message in pushes:
             assert self.require_valid_group_name(group), "Group name not valid"
             if "__asgi_channel__" in message:
@@ -291,9 +302,11 @@ class RedisChannelLayer(BaseRedisChannelLayer):
             size = self._serializer.random_prefix_length  # a message's uniqueness in its sorted set
             prefix = random.getrandbits(8 * size).to_bytes(size, "big") if size else b""
             keys.append(self._group_key(group))
-            heads.append(prefix + _map_header(len(message) + 1) + body[len(header):] + _CHANNELS_KEY)
-        return ["EVALSHA", _PUBLISH_SHA, len(keys), *keys, int(now) - self.group_expiry, repr(now),
-                int(now) - int(self.expiry), self.expiry, self.capacity, self.prefix, *heads]
+            score = max(now, score + PUSH_SCORE_STEP)
+            scored += (repr(score), prefix + _map_header(len(message) + 1) + body[len(header):] + _CHANNELS_KEY)
+        self._last_push_score = score
+        return ["EVALSHA", _PUBLISH_SHA, len(keys), *keys, int(now) - self.group_expiry,
+                int(now) - int(self.expiry), self.expiry, self.capacity, self.prefix, *scored]
 
     def push_connection(self, socket_timeout: float) -> Any:
         """A new connection (redis-py's, not from a pool) to the layer's Redis, connected, with the

@@ -530,3 +530,48 @@ def test_a_large_push_goes_through_the_thread_and_keeps_the_connection():
     pushed = received(channel, 3)
     assert [message["number"] for message in pushed] == [0, 1, 2] and len(pushed[1]["input"]) == 200_000
     assert publisher()._direct is direct
+
+
+def test_many_pushes_at_once_are_written_directly_a_few_commands_in_order():
+    """More pushes in one call than `DirectPush.max_pushes` (a batch's first events) are written
+    directly as commands of at most that many, in order after what was published before them:
+    none goes through the thread, and the connection stays."""
+    channel = member_of("bench.many")
+    publish("bench.warm", {"type": "test.message"})
+    assert publisher().flush(5)
+    direct = direct_ready()
+    layer = direct.layer
+    encoded = []
+    real_command = layer.push_command
+
+    def push_command(pushes):
+        encoded.append(len(pushes))
+        return real_command(pushes)
+
+    count = direct.max_pushes + 10  # pushes to the followed group, each with one to a group nobody follows
+    with mock.patch.object(layer, "push_command", push_command), \
+            mock.patch.object(layer, "group_members_now", side_effect=AssertionError("the thread sent")):
+        publish("bench.many", {"type": "test.message", "number": -1})
+        broadcast.publish_all([(group, {"type": "test.message", "number": number})
+                               for number in range(count) for group in ("bench.many", f"bench.nobody.{number}")])
+        publish("bench.many", {"type": "test.message", "number": count})
+        assert publisher().flush(5)
+    assert encoded == [1, direct.max_pushes, direct.max_pushes, 2 * count - 2 * direct.max_pushes, 1]
+    assert [message["number"] for message in received(channel, count + 2)] == list(range(-1, count + 1))
+    assert publisher()._direct is direct
+
+
+def test_a_batch_submit_publishes_its_first_events_at_once_and_each_reaches_the_feed():
+    from jobs.services import jobs_submit_many
+
+    feed_channel = member_of(FEED_GROUP)
+    publish("bench.warm", {"type": "test.message"})
+    assert publisher().flush(5)
+    with mock.patch.object(broadcast.Publisher, "send_all", autospec=True,
+                           side_effect=broadcast.Publisher.send_all) as send_all:
+        jobs = jobs_submit_many(kind="demo.noop", inputs=[{}] * 40)
+        assert publisher().flush(5)
+    assert send_all.call_count == 1 and len(send_all.call_args.args[1]) == 80  # the job's group and the feed, each
+    feed = received(feed_channel, 40)
+    assert [message["job"]["id"] for message in feed] == [str(job.pk) for job in jobs]
+    assert {message["job"]["status"] for message in feed} == {"pending"}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jobs.broadcast import event_publish
+from jobs.broadcast import event_publish, events_publish
 
 
 def dispatches(callbacks: list[Callable]) -> list[Callable]:
     """The captured callbacks other than event pushes (every event schedules one of those)."""
-    return [callback for callback in callbacks if getattr(callback, "func", None) is not event_publish]
+    pushes = (event_publish, events_publish)
+    return [callback for callback in callbacks if getattr(callback, "func", None) not in pushes]

@@ -84,6 +84,8 @@ def job_run(self, job_id: str) -> str:
             dispatch_forget(job_id)  # no message left for it: the reconciler sends one after the grace
             raise
         countdown = min(2 ** self.request.retries, 30)
+        logger.warning("job %s: the database is unavailable (%s); its message is retried in %d s (retry %d of %d)",
+                       job_id, exc, countdown, self.request.retries + 1, MAX_DATABASE_RETRIES)
         raise self.retry(exc=exc, countdown=countdown, max_retries=MAX_DATABASE_RETRIES) from exc
 
 

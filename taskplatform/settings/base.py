@@ -585,6 +585,15 @@ LOGGING = {
         "django": {"level": "INFO"},
     },
 }
+# Celery's two lines per task, `Task … received` (the worker's main process) and `Task … succeeded
+# in …s` (its pool process), each relayed by `make run`'s supervisor too: about 0.3 ms of CPU per
+# job, a twelfth of a no-op job's cost under `make run` (bench/README.md, "Celery's line per
+# task"). A job's own log says more (its events, with times, in the admin and the API), and
+# failures, retries of the database's outages and the platform's own lines are logged whatever
+# this says. WORKER_TASK_LOG=true brings them back.
+WORKER_TASK_LOG = env.bool("WORKER_TASK_LOG", default=False)
+if not WORKER_TASK_LOG:
+    LOGGING["loggers"].update({name: {"level": "WARNING"} for name in ("celery.app.trace", "celery.worker.strategy")})
 
 # --- Operations (ops: /metrics, /readyz, Flower links) -------------------------------------------
 # Bearer token that may read GET /metrics (`Authorization: Bearer ...`); staff may always. Empty:

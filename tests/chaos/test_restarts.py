@@ -29,6 +29,7 @@ ENV = {
     "JOBS_RECONCILE_INTERVAL": "0.5",
     "WAITS_DUE_INTERVAL": "0.25",
     "LOG_LEVEL": "INFO",
+    "WORKER_TASK_LOG": "true",  # the workers' `Task … received` lines are read below
 }
 
 

@@ -43,6 +43,7 @@ ENV = {
     "WAITS_DUE_INTERVAL": "0.5",
     "REDIS_KEY_PREFIX": "cluster:",
     "LOG_LEVEL": "INFO",
+    "WORKER_TASK_LOG": "true",  # the workers' `Task … received` lines are read below
 }
 
 

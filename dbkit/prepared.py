@@ -14,6 +14,12 @@ A connection pooler in transaction mode that does not follow prepared statements
 before 1.21, or 1.21+ with `max_prepared_statements = 0`) breaks them: there, set
 `DATABASE_PREPARED_STATEMENTS=false` and the same statements go as before, as text.
 
+The cursor itself is kept on the connection and lent to one `with` block at a time: making a
+psycopg cursor for each statement (its adapters, its loaders, the time zone's check, Django's
+wrapper) cost a no-op job's two statements 0.12 M of its 2.19 M instructions (`bench/README.md`,
+"The cursor kept"). A block that asks for another prepared cursor while it holds the kept one
+gets a cursor of its own, closed at its end, so rows not yet read are never lost.
+
 Only for PostgreSQL with psycopg 3; anything else gets `connection.cursor()`.
 """
 
@@ -47,10 +53,35 @@ def _classes() -> tuple[Any, Any]:
             with self.debug_sql(shown, params):
                 return CursorWrapper.execute(self, sql, params)
 
-    return PreparedCursor, PreparedDebugWrapper
+    class Lent:
+        """A wrapper of the connection's kept cursor: its close gives the cursor back instead."""
+
+        kept: _Kept
+
+        def close(self) -> None:
+            self.kept.lent = False
+
+    class LentWrapper(Lent, CursorWrapper):
+        pass
+
+    class LentDebugWrapper(Lent, PreparedDebugWrapper):
+        pass
+
+    return PreparedCursor, PreparedDebugWrapper, LentWrapper, LentDebugWrapper
 
 
-_classes_made: tuple[Any, Any] | None = None
+class _Kept:
+    """A connection's kept prepared cursor: the psycopg connection and the time zone it was made
+    for, and whether a `with` block holds it now."""
+
+    __slots__ = ("raw", "timezone", "cursor", "lent")
+
+    def __init__(self, raw: Any, timezone: Any, cursor: Any) -> None:
+        self.raw, self.timezone, self.cursor, self.lent = raw, timezone, cursor, False
+
+
+KEPT = "_taskplatform_prepared_cursor"  # the `_Kept` of a Django connection, in its __dict__
+_classes_made: tuple[Any, Any, Any, Any] | None = None
 # psycopg prepares a statement once it ran this many times; only `prepare=True` does it here.
 NEVER_BY_COUNT = 2**62
 
@@ -85,7 +116,7 @@ def prepared_cursor(connection: Any) -> Any:
         return connection.cursor()
     if _classes_made is None:
         _classes_made = _classes()
-    cursor_class, debug_wrapper = _classes_made
+    cursor_class, debug_wrapper, lent_wrapper, lent_debug_wrapper = _classes_made
     # What `connection.cursor()` does (BaseDatabaseWrapper._cursor), with this cursor class.
     connection.close_if_health_check_failed()
     connection.ensure_connection()
@@ -96,7 +127,22 @@ def prepared_cursor(connection: Any) -> Any:
             # A threshold no statement reaches lets only this cursor's statements be prepared:
             # Django's own cursors bind on the client side and never prepare.
             raw.prepare_threshold = NEVER_BY_COUNT
-        cursor = cursor_class(raw)
-        _same_time_zone(connection, cursor)
         connection.validate_thread_sharing()
-        return debug_wrapper(cursor, connection) if connection.queries_logged else connection.make_cursor(cursor)
+        kept = connection.__dict__.get(KEPT)
+        if kept is None or kept.raw is not raw or kept.timezone != connection.timezone:
+            # The first, or the connection is a new one (closed and opened again), or its time zone
+            # changed (a test's settings).
+            kept = connection.__dict__[KEPT] = _Kept(raw, connection.timezone, _made(cursor_class, connection, raw))
+        elif kept.lent:  # a block inside the one holding it: a cursor of its own, closed at its end
+            cursor = _made(cursor_class, connection, raw)
+            return debug_wrapper(cursor, connection) if connection.queries_logged else connection.make_cursor(cursor)
+        kept.lent = True
+        wrapper = (lent_debug_wrapper if connection.queries_logged else lent_wrapper)(kept.cursor, connection)
+        wrapper.kept = kept
+        return wrapper
+
+
+def _made(cursor_class: Any, connection: Any, raw: Any) -> Any:
+    cursor = cursor_class(raw)
+    _same_time_zone(connection, cursor)
+    return cursor

@@ -98,3 +98,45 @@ def test_debug_records_the_statements_only_when_asked(settings):
     with connection.cursor() as cursor:
         cursor.execute("SELECT %s", [3])
     assert [query["sql"] for query in connection.queries][-1:] == ["SELECT 3"]
+
+
+def test_the_cursor_is_kept_for_the_next_block_and_a_block_inside_gets_its_own():
+    with prepared_cursor(connection) as outer:
+        kept = outer.cursor
+        outer.execute("SELECT generate_series(1, %s)", [3])
+        assert outer.fetchone() == (1,)
+        with prepared_cursor(connection) as inner:
+            assert inner.cursor is not kept  # the outer block's rows are not yet read
+            inner.execute("SELECT %s::int", [7])
+            assert inner.fetchone() == (7,)
+        assert inner.cursor.closed and not kept.closed
+        assert outer.fetchall() == [(2,), (3,)]
+    with prepared_cursor(connection) as again:
+        assert again.cursor is kept
+        again.execute("SELECT %s::int", [8])
+        assert again.fetchone() == (8,)
+
+
+def test_a_block_that_failed_gives_the_cursor_back():
+    from django.db import DatabaseError, transaction
+
+    with prepared_cursor(connection) as first:
+        kept = first.cursor
+    with pytest.raises(DatabaseError), transaction.atomic(), prepared_cursor(connection) as failing:
+        failing.execute("SELECT 1 / %s", [0])
+    with prepared_cursor(connection) as after:
+        assert after.cursor is kept
+        after.execute("SELECT %s::int", [1])
+        assert after.fetchone() == (1,)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_connection_gets_a_new_cursor():
+    with prepared_cursor(connection) as first:
+        kept = first.cursor
+    old = connection.connection
+    connection.close()
+    with prepared_cursor(connection) as after:
+        assert connection.connection is not old and after.cursor is not kept
+        after.execute("SELECT %s::int", [2])
+        assert after.fetchone() == (2,)

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import F, Func, JSONField, Value
 from django.db.models.expressions import DatabaseDefault
@@ -26,7 +27,7 @@ from jobs.broadcast import event_publish, events_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
 from jobs.models import Job, JobEvent, column_converters, converted, job_update_returning
-from jobs.statements import NEXT_EVENT_SEQ, KeptExpression, MoveRows, move_statement
+from jobs.statements import NEXT_EVENT_SEQ, KeptExpression, MoveRows, comparable, move_statement
 
 
 class RunLost(BaseException):
@@ -104,11 +105,9 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
     returned = [field for field in meta.db_returning_fields if field is not meta.pk]
     written = [field for field in meta.local_concrete_fields if not field.generated
                and not all(isinstance(getattr(job, field.attname), DatabaseDefault) for job in jobs)]
-    query = InsertQuery(Job)
-    query.insert_values(written, jobs)
-    compiler = query.get_compiler(connection=connection)
-    compiler.returning_fields = [meta.pk, *returned]  # the pk for the events' rows
-    (insert_sql, insert_params), = compiler.as_sql()
+    returning = [meta.pk, *returned]  # the pk for the events' rows
+    kept = _one_job_insert(connection, jobs[0], written, returning) if len(jobs) == 1 else None
+    insert_sql, insert_params = kept or _compiled_insert(connection, jobs, written, returning)
     tail = ["seq", "type", "step", "status", "message", "created_at"]
     quote = connection.ops.quote_name
     pk = quote(meta.pk.column)
@@ -129,6 +128,44 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
         _event_saved(event, event_id)
     transaction.on_commit(partial(events_publish, list(zip(jobs, events, strict=True))), robust=True)
     return events
+
+
+def _compiled_insert(connection, jobs: list[Job], written: list, returning: list,
+                     raw: bool = False) -> tuple[str, list]:
+    """The jobs' `INSERT … RETURNING`, as Django's compiler writes it (`raw`: the values as the
+    jobs hold them, their `pre_save` already done)."""
+    query = InsertQuery(Job)
+    query.insert_values(written, jobs, raw=raw)
+    compiler = query.get_compiler(connection=connection)
+    compiler.returning_fields = returning
+    (sql, params), = compiler.as_sql()
+    return sql, list(params)
+
+
+def _one_job_insert(connection, job: Job, written: list, returning: list) -> tuple[str, list] | None:
+    """One job's INSERT (an API submit), its text kept per connection for the columns written:
+    only its values are worked out, as the compiler does (each field's `pre_save`, then its
+    `get_db_prep_save`). The compiler's pass took about a twentieth of the web process's CPU per
+    `POST /api/jobs/` (bench/README.md, "The API's submit"). None when a value is an expression (its
+    SQL is the compiler's to write). Under JOBS_CHECK_MOVE_STATEMENTS (the test settings) the
+    compiler builds it each time as well, and the two must agree."""
+    values = [field.pre_save(job, True) for field in written]
+    if any(hasattr(value, "resolve_expression") for value in values):
+        return None
+    params = [field.get_db_prep_save(value, connection=connection)
+              for field, value in zip(written, values, strict=True)]
+    kept = once_per_connection(connection, "_taskplatform_one_job_insert", dict)
+    key = tuple(field.attname for field in written)
+    sql = kept.get(key)
+    checked = settings.JOBS_CHECK_MOVE_STATEMENTS
+    if sql is None or checked:
+        built_sql, built_params = _compiled_insert(connection, [job], written, returning, raw=True)
+        if checked and (built_sql != (sql or built_sql)
+                        or [comparable(p) for p in params] != [comparable(p) for p in built_params]):
+            raise AssertionError(f"a kept job INSERT differs from the compiler's:\n{sql}\n{params}\n"
+                                 f"{built_sql}\n{built_params}")
+        sql = kept[key] = built_sql
+    return sql, params
 
 
 _EVENT_COLUMNS = ["job_id", "seq", "type", "step", "status", "message", "created_at"]

@@ -318,11 +318,12 @@ class KeptExpression:
 
 def _check(rows: MoveRows, fields: dict[str, Any], connection: Any, sql: str, params: list) -> None:
     _, _, expected_sql, expected_params = _compiled(rows, fields, connection)
-    if sql != expected_sql or [_comparable(p) for p in params] != [_comparable(p) for p in expected_params]:
+    if sql != expected_sql or [comparable(p) for p in params] != [comparable(p) for p in expected_params]:
         raise AssertionError(f"a kept move statement differs from the ORM's:\n{sql}\n{params}\n"
                              f"{expected_sql}\n{list(expected_params)}")
 
 
-def _comparable(param: Any) -> Any:
-    # psycopg's adapters (Jsonb) compare by identity: compare what they carry.
+def comparable(param: Any) -> Any:
+    """A statement's parameter as it compares: psycopg's adapters (Jsonb) compare by identity, so
+    what they carry."""
     return (type(param).__name__, param.obj) if hasattr(param, "obj") else param

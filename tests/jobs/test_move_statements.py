@@ -237,3 +237,34 @@ def test_a_condition_on_the_attempt_given_as_where_keeps_its_own_value(monkeypat
     move_statement(rows[0], fields, connection)
     sql, params = move_statement(rows[1], fields, connection)  # kept: the same shape
     assert 1 in params and None not in params
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement submit is PostgreSQL's")
+def test_one_jobs_insert_is_kept_and_still_checked_against_the_compiler(monkeypatch, settings):
+    from unittest import mock
+
+    from django.db import connections
+    from django.db.models.sql.compiler import SQLInsertCompiler
+
+    from jobs.models import JobEvent
+
+    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
+    job_submit(kind="demo.noop", input={})  # the first on this connection builds it
+    settings.JOBS_CHECK_MOVE_STATEMENTS = False
+    with mock.patch.object(SQLInsertCompiler, "as_sql", side_effect=AssertionError("built again")):
+        job, _ = job_submit(kind="demo.sleep", input={"seconds": 0, "steps": 1})
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.kind, stored.input, stored.status, stored.event_seq) == ("demo.sleep", {"seconds": 0, "steps": 1},
+                                                                            "pending", 1)
+    assert stored.created_at == job.created_at and stored.updated_at == job.updated_at is not None
+    assert list(JobEvent.objects.filter(job=job).values_list("seq", "status")) == [(1, "pending")]
+
+    # A kept text that is not the compiler's is caught where the check is on (the test settings).
+    settings.JOBS_CHECK_MOVE_STATEMENTS = True
+    wrapper = connections["default"]
+    kept = wrapper.__dict__["_taskplatform_one_job_insert"]
+    for key in kept:
+        kept[key] = kept[key].replace('"kind"', '"kind" ', 1)
+    with pytest.raises(AssertionError, match="differs from the compiler's"):
+        job_submit(kind="demo.noop", input={})
+    wrapper.__dict__.pop("_taskplatform_one_job_insert")

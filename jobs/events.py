@@ -100,7 +100,10 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
         Job.objects.bulk_create(jobs)
         return events_record_first(jobs=jobs)
     now = timezone.now()  # host clock: an event's time is shown to people, never compared across hosts
-    events = [JobEvent(seq=1, type="status", status=Job.Status.PENDING, message={}, created_at=now) for _ in jobs]
+    # Each first event made without `Model.__init__` (`dbkit.instances`), its id and job filled in below.
+    using = JobEvent.objects.db
+    events = [instance_from_row(JobEvent, using, _EVENT_ATTNAMES, [None, None, 1, "status", "", Job.Status.PENDING,
+                                                                   {}, now]) for _ in jobs]
     meta = Job._meta
     returned = [field for field in meta.db_returning_fields if field is not meta.pk]
     written = [field for field in meta.local_concrete_fields if not field.generated

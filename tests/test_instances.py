@@ -68,3 +68,21 @@ def test_a_row_without_every_field_is_from_dbs_deferred_instance():
 
 def test_a_moves_event_row_names_every_column_of_the_event_in_order():
     assert _EVENT_ATTNAMES == [field.attname for field in JobEvent._meta.concrete_fields]
+
+
+@pytest.mark.django_db
+def test_a_batchs_first_events_are_made_without_model_init_and_saved_whole(monkeypatch):
+    from unittest import mock
+
+    from django.db import connection
+
+    from jobs.services import jobs_submit_many
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement submit is PostgreSQL's")
+    monkeypatch.setattr("jobs.services.transitions.jobs_dispatch", lambda jobs: None)
+    with mock.patch.object(JobEvent, "__init__", side_effect=AssertionError("Model.__init__ for an event")):
+        jobs = jobs_submit_many(kind="demo.noop", inputs=[{}] * 3)
+    stored = JobEvent.objects.filter(job__in=jobs).order_by("job_id")
+    assert [(e.seq, e.type, e.step, e.status, e.message) for e in stored] == [(1, "status", "", "pending", {})] * 3
+    assert {e.job_id for e in stored} == {job.pk for job in jobs}

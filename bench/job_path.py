@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import os
-import platform
 import pstats
 import statistics
 import sys
@@ -43,7 +42,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 if str(BASE_DIR) not in sys.path:  # run as a script
     sys.path.insert(0, str(BASE_DIR))
 
-from bench.throughput import code_revision, results_save  # noqa: E402
+from bench.throughput import results_save, run_header  # noqa: E402
 
 COUNTED = 200  # jobs of the pass whose Python calls are counted
 WARMUP = 50  # jobs run first, untimed, by each side (connections, prepared statements, caches)
@@ -182,9 +181,7 @@ def main() -> int:
 
     call_command("migrate", verbosity=0)
     measured = measure(args.count, args.rounds, dsn)
-    result = {"when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "revision": code_revision()["commit"],
-              "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}", "count": args.count,
-              **measured}
+    result = {**run_header(), "count": args.count, **measured}
     text = markdown(result)
     print(text)
     if not args.no_write:

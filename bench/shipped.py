@@ -50,7 +50,6 @@ import contextlib
 import json
 import logging
 import os
-import platform
 import resource
 import signal
 import statistics
@@ -70,7 +69,7 @@ sys.path.insert(0, str(BASE_DIR))
 
 from bench.recovery import port_free as free_port  # noqa: E402
 from bench.recovery import wait_for  # noqa: E402
-from bench.throughput import code_revision, results_save  # noqa: E402
+from bench.throughput import results_save, run_header  # noqa: E402
 from bench.wake import percentile  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
@@ -1203,10 +1202,7 @@ def main() -> int:
             runs.append(run_configuration(args, worker_concurrency=args.concurrency, web_concurrency=web,
                                           phases={"api"}))
     durable_tables_drop()
-    revision = code_revision()["commit"]
-    result = {"when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "revision": revision,
-              "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}", "clients": args.clients,
-              "count": args.count, "runs": runs}
+    result = {**run_header(), "clients": args.clients, "count": args.count, "runs": runs}
     text = markdown(result)
     print(text)
     if not args.no_write:

@@ -509,6 +509,13 @@ def table_print(result: dict[str, Any], warnings_first: list[str]) -> None:
     print(f"aim platform/bare >= {AIM}: {verdict} (median ratio {ratio:.2f})\n")
 
 
+def run_header() -> dict[str, str]:
+    """The fields that open a bench's result: when it ran (UTC, ISO 8601), the commit measured,
+    and the machine."""
+    return {"when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "revision": code_revision()["commit"],
+            "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}"}
+
+
 def results_save(name: str, when: str, result: dict[str, Any], latest: str | None = None) -> Path:
     """Write a bench's `result` to `bench/results/<name>-<UTC timestamp of when>.json` and, when
     given, its `latest` table to `<name>-latest.md`; return the JSON's path. `when` is ISO 8601."""

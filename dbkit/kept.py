@@ -130,7 +130,7 @@ class KeptRead:
         for value, (places, form) in zip(values, built.slots, strict=True):
             for place in places:
                 params[place] = form(value)
-        with prepared_cursor(connection) as cursor:
+        with prepared_cursor(connection, built.sql) as cursor:
             cursor.execute(built.sql, params)
             fetched = cursor.fetchall()
         if settings.KEPT_READS_CHECK:

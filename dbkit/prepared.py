@@ -20,6 +20,13 @@ wrapper) cost a no-op job's two statements 0.12 M of its 2.19 M instructions (`b
 "The cursor kept"). A block that asks for another prepared cursor while it holds the kept one
 gets a cursor of its own, closed at its end, so rows not yet read are never lost.
 
+A caller that names its `statement` gets the cursor kept for that text. psycopg works out a
+statement's parameter dumpers and column loaders again whenever a cursor runs another text than
+the one before (`Transformer`, kept only while the same string object runs again): one cursor
+that alternated a job's claim and its outcome did so for every statement (`bench/README.md`, "A
+cursor per statement"). Pass the same string object each time: an equal but different string
+runs as well, only without that saving.
+
 Only for PostgreSQL with psycopg 3; anything else gets `connection.cursor()`.
 """
 
@@ -54,12 +61,13 @@ def _classes() -> tuple[Any, Any]:
                 return CursorWrapper.execute(self, sql, params)
 
     class Lent:
-        """A wrapper of the connection's kept cursor: its close gives the cursor back instead."""
+        """A wrapper of one of the connection's kept cursors: its close gives the cursor back instead."""
 
         kept: _Kept
+        key: str | None
 
         def close(self) -> None:
-            self.kept.lent = False
+            self.kept.lent.discard(self.key)
 
     class LentWrapper(Lent, CursorWrapper):
         pass
@@ -71,16 +79,22 @@ def _classes() -> tuple[Any, Any]:
 
 
 class _Kept:
-    """A connection's kept prepared cursor: the psycopg connection and the time zone it was made
-    for, and whether a `with` block holds it now."""
+    """A connection's kept prepared cursors: the psycopg connection and the time zone they were
+    made for, a cursor for each statement named (None: the one for the others), and which of them
+    a `with` block holds now."""
 
-    __slots__ = ("raw", "timezone", "cursor", "lent")
+    __slots__ = ("raw", "timezone", "cursors", "lent")
 
-    def __init__(self, raw: Any, timezone: Any, cursor: Any) -> None:
-        self.raw, self.timezone, self.cursor, self.lent = raw, timezone, cursor, False
+    def __init__(self, raw: Any, timezone: Any) -> None:
+        self.raw, self.timezone = raw, timezone
+        self.cursors: dict[str | None, Any] = {}
+        self.lent: set[str | None] = set()
 
 
 KEPT = "_taskplatform_prepared_cursor"  # the `_Kept` of a Django connection, in its __dict__
+# Cursors kept for named statements per connection; past this many (texts that keep changing),
+# those not lent are closed and made again as needed.
+MAX_STATEMENT_CURSORS = 64
 _classes_made: tuple[Any, Any, Any, Any] | None = None
 # psycopg prepares a statement once it ran this many times; only `prepare=True` does it here.
 NEVER_BY_COUNT = 2**62
@@ -107,10 +121,11 @@ def prepares(connection: Any) -> bool:
 
 
 @async_unsafe
-def prepared_cursor(connection: Any) -> Any:
+def prepared_cursor(connection: Any, statement: str | None = None) -> Any:
     """A cursor on `connection` (a Django connection) whose statements are prepared: use it for a
     statement whose text repeats (and only for one statement with parameters: a prepared
-    statement holds one command). Elsewhere `connection.cursor()`."""
+    statement holds one command). With `statement`, the cursor kept for that text: run that
+    statement on it. Elsewhere `connection.cursor()`."""
     global _classes_made
     if not prepares(connection):
         return connection.cursor()
@@ -132,14 +147,25 @@ def prepared_cursor(connection: Any) -> Any:
         if kept is None or kept.raw is not raw or kept.timezone != connection.timezone:
             # The first, or the connection is a new one (closed and opened again), or its time zone
             # changed (a test's settings).
-            kept = connection.__dict__[KEPT] = _Kept(raw, connection.timezone, _made(cursor_class, connection, raw))
-        elif kept.lent:  # a block inside the one holding it: a cursor of its own, closed at its end
+            kept = connection.__dict__[KEPT] = _Kept(raw, connection.timezone)
+        if statement in kept.lent:  # a block inside the one holding it: a cursor of its own, closed at its end
             cursor = _made(cursor_class, connection, raw)
             return debug_wrapper(cursor, connection) if connection.queries_logged else connection.make_cursor(cursor)
-        kept.lent = True
-        wrapper = (lent_debug_wrapper if connection.queries_logged else lent_wrapper)(kept.cursor, connection)
-        wrapper.kept = kept
+        cursor = kept.cursors.get(statement)
+        if cursor is None:
+            if len(kept.cursors) >= MAX_STATEMENT_CURSORS:
+                _forget_idle(kept)
+            cursor = kept.cursors[statement] = _made(cursor_class, connection, raw)
+        kept.lent.add(statement)
+        wrapper = (lent_debug_wrapper if connection.queries_logged else lent_wrapper)(cursor, connection)
+        wrapper.kept, wrapper.key = kept, statement
         return wrapper
+
+
+def _forget_idle(kept: _Kept) -> None:
+    """Close the kept cursors no block holds (their statements stay prepared on the connection)."""
+    for key in [key for key in kept.cursors if key not in kept.lent]:
+        kept.cursors.pop(key).close()
 
 
 def _made(cursor_class: Any, connection: Any, raw: Any) -> Any:

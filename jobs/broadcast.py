@@ -30,6 +30,7 @@ from typing import Any
 
 import hiredis
 from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
+from redis.connection import HiredisRespSerializer
 
 from jobs.models import Job, JobEvent
 from jobs.presenters import job_as_dict
@@ -84,7 +85,7 @@ class DirectPush:
         self.socket = connection._sock
         self.socket.setblocking(False)
         self.reader = hiredis.Reader()
-        self.pack = connection._command_packer.pack
+        self.pack = _packer(connection)
         self.unanswered: deque[list[tuple[str, dict[str, Any]]]] = deque()  # the pushes of each write, in order
 
     def send(self, pushes: list[tuple[str, dict[str, Any]]]) -> None:
@@ -97,7 +98,7 @@ class DirectPush:
             raise Unsent(exc.reason, [*exc.pushes, *pushes]) from None
         except OSError as exc:
             raise Unsent(f"{type(exc).__name__}: {exc}", pushes) from None
-        data = b"".join(self.pack(*self.layer.push_command(pushes)))
+        data = self.pack(self.layer.push_command(pushes))
         if len(data) > self.max_write:
             raise Unsent(f"{len(data)} bytes", pushes, usable=True)
         try:
@@ -158,6 +159,16 @@ class DirectPush:
             self.connection.disconnect()
         except Exception:  # closing a broken connection: nothing to save
             pass
+
+
+def _packer(connection: Any) -> Any:
+    """The function that writes a command (a list of its arguments: str, bytes, int or float) as
+    `connection` would send it. With hiredis, its packer itself: redis-py's wrapper around it only
+    copies the arguments into a new tuple, which cost a push as much again as the packing."""
+    packer = connection._command_packer
+    if isinstance(packer, HiredisRespSerializer):
+        return lambda command: hiredis.pack_command(tuple(command))
+    return lambda command: b"".join(packer.pack(*command))
 
 
 class Unsent(Exception):

@@ -111,15 +111,15 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
     returning = [meta.pk, *returned]  # the pk for the events' rows
     kept = _one_job_insert(connection, jobs[0], written, returning) if len(jobs) == 1 else None
     insert_sql, insert_params = kept or _compiled_insert(connection, jobs, written, returning)
-    tail = ["seq", "type", "step", "status", "message", "created_at"]
-    quote = connection.ops.quote_name
-    pk = quote(meta.pk.column)
-    sql = (f"WITH j AS ({insert_sql}), i AS ({_event_insert_prefix(connection)} "
-           f"SELECT j.{pk}, {', '.join(['%s'] * len(tail))} FROM j RETURNING id, job_id) "
-           f"SELECT j.{pk}, {''.join(f'j.{quote(field.column)}, ' for field in returned)}i.id "
-           f"FROM j JOIN i ON i.job_id = j.{pk}")
-    with prepared_cursor(connection) as cursor:
-        cursor.execute(sql, [*insert_params, *_event_params(events[0], tail, connection)])
+    if kept is None:
+        sql = _with_first_events(connection, insert_sql, returned)
+    else:  # one job's whole statement, the same string each time: its cursor keeps its adapters
+        statements = once_per_connection(connection, "_taskplatform_one_job_statement", dict)
+        sql = statements.get(insert_sql)
+        if sql is None:
+            sql = statements[insert_sql] = _with_first_events(connection, insert_sql, returned)
+    with prepared_cursor(connection, sql if kept is not None else None) as cursor:
+        cursor.execute(sql, [*insert_params, *_event_params(events[0], _FIRST_EVENT_TAIL, connection)])
         rows = {row[0]: row[1:] for row in cursor.fetchall()}
     for job, event in zip(jobs, events, strict=True):
         *values, event_id = rows[job.pk]  # a uuid column, read as the UUID the job holds
@@ -131,6 +131,20 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
         _event_saved(event, event_id)
     transaction.on_commit(partial(events_publish, list(zip(jobs, events, strict=True))), robust=True)
     return events
+
+
+_FIRST_EVENT_TAIL = ["seq", "type", "step", "status", "message", "created_at"]
+
+
+def _with_first_events(connection, insert_sql: str, returned: list) -> str:
+    """The jobs' INSERT with their first events' as a CTE over it, returning each job's id, its
+    `returned` columns and its event's id."""
+    quote = connection.ops.quote_name
+    pk = quote(Job._meta.pk.column)
+    return (f"WITH j AS ({insert_sql}), i AS ({_event_insert_prefix(connection)} "
+            f"SELECT j.{pk}, {', '.join(['%s'] * len(_FIRST_EVENT_TAIL))} FROM j RETURNING id, job_id) "
+            f"SELECT j.{pk}, {''.join(f'j.{quote(field.column)}, ' for field in returned)}i.id "
+            f"FROM j JOIN i ON i.job_id = j.{pk}")
 
 
 def _compiled_insert(connection, jobs: list[Job], written: list, returning: list,

@@ -72,14 +72,14 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
     """`JobQuerySet.update_returning` of a statement already built, without a queryset (the
     path of every move: `jobs.events.job_update_with_event`)."""
     connection = connections[using]
-    sql, params = statement
+    update_sql, params = statement
     columns, attnames, converting = _row_reading(connection, Job)
-    sql = f"{sql} RETURNING {columns}"
+    insert_sql = None
     if then_insert is not None:
         insert_sql, insert_params = then_insert
-        sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
         params = [*params, *insert_params]
-    with prepared_cursor(connection) as cursor:
+    sql = _returning_statement(update_sql, insert_sql, columns)
+    with prepared_cursor(connection, sql) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
@@ -93,6 +93,26 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
     job = instance_from_row(Job, using, attnames, values)
     job._inserted_id = inserted_id
     return job
+
+
+# The whole statement of an UPDATE (and INSERT) text, the same string object each time they are
+# the same (kept texts: `jobs.statements`), which lets its cursor keep its adapters
+# (`dbkit.prepared`). Past this many texts (statements that are not kept), all are dropped.
+MAX_RETURNING_STATEMENTS = 512
+_returning_statements: dict[tuple[str, str | None, str], str] = {}
+
+
+def _returning_statement(update_sql: str, insert_sql: str | None, columns: str) -> str:
+    key = (update_sql, insert_sql, columns)
+    sql = _returning_statements.get(key)
+    if sql is None:
+        sql = f"{update_sql} RETURNING {columns}"
+        if insert_sql is not None:
+            sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
+        if len(_returning_statements) >= MAX_RETURNING_STATEMENTS:
+            _returning_statements.clear()
+        _returning_statements[key] = sql
+    return sql
 
 
 def _row_reading(connection, model) -> tuple[str, list[str], tuple]:

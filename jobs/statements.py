@@ -183,10 +183,18 @@ def _expression_kind(expression: Any) -> Any:
     return ("expression", repr(expression)) if _known_expression(expression) else None
 
 
+# Values of these exact types are parameters: none of them is an expression or a model instance
+# (their subclasses may be, and go through the checks below).
+_PARAMETER_TYPES = frozenset({str, bool, int, float, decimal.Decimal, uuid.UUID, datetime.datetime, datetime.date,
+                              datetime.timedelta, dict, list})
+
+
 def _value_kind(value: Any) -> Any:
     """How a written value shapes the statement: NULL, a parameter, or this expression."""
     if value is None:
         return "null"
+    if type(value) in _PARAMETER_TYPES:
+        return "value"
     if hasattr(value, "kept_shape"):  # an expression that gives its own parameters (`KeptExpression`)
         return ("kept", type(value).__qualname__, value.kept_shape())
     if hasattr(value, "resolve_expression"):

@@ -140,3 +140,87 @@ def test_a_new_connection_gets_a_new_cursor():
         assert connection.connection is not old and after.cursor is not kept
         after.execute("SELECT %s::int", [2])
         assert after.fetchone() == (2,)
+
+
+def test_a_named_statement_keeps_its_own_cursor_and_its_adapters_between_other_statements():
+    """Alternating two statements on one cursor made psycopg work out each one's dumpers and
+    loaders again every time (its `Transformer`, kept only while the same text runs again)."""
+    claim, outcome = "SELECT %s::int, now()", "SELECT %s::text, %s::bigint"
+    adapters = {}
+    for round_ in range(3):
+        with prepared_cursor(connection, claim) as cursor:
+            cursor.execute(claim, [round_])
+            assert cursor.fetchone()[0] == round_
+            adapters.setdefault(claim, set()).add((id(cursor.cursor), id(cursor.cursor._tx)))
+        with prepared_cursor(connection, outcome) as cursor:
+            cursor.execute(outcome, [str(round_), 7])
+            assert cursor.fetchone() == (str(round_), 7)
+            adapters.setdefault(outcome, set()).add((id(cursor.cursor), id(cursor.cursor._tx)))
+    assert all(len(kept) == 1 for kept in adapters.values()), adapters  # one cursor, one Transformer each
+    assert adapters[claim] != adapters[outcome]
+
+
+def test_a_named_statement_inside_a_block_running_it_gets_a_cursor_of_its_own():
+    statement = "SELECT generate_series(1, %s)"
+    with prepared_cursor(connection, statement) as outer:
+        outer.execute(statement, [3])
+        assert outer.fetchone() == (1,)
+        with prepared_cursor(connection, statement) as inner:
+            assert inner.cursor is not outer.cursor
+            inner.execute(statement, [1])
+            assert inner.fetchall() == [(1,)]
+        with prepared_cursor(connection) as other:  # the unnamed cursor is free: lent as usual
+            assert other.cursor is not outer.cursor
+        assert inner.cursor.closed and outer.fetchall() == [(2,), (3,)]
+    with prepared_cursor(connection, statement) as again:
+        assert again.cursor is outer.cursor
+
+
+def test_past_the_bound_the_idle_cursors_are_closed_and_a_lent_one_is_kept(monkeypatch):
+    from dbkit import prepared
+
+    monkeypatch.setattr(prepared, "MAX_STATEMENT_CURSORS", 3)
+    made = []
+    with prepared_cursor(connection, "SELECT 0") as held:
+        for number in range(1, 4):
+            with prepared_cursor(connection, f"SELECT {number}") as cursor:
+                made.append(cursor.cursor)
+        held.execute("SELECT %s::int", [5])  # the cursor the block holds still works
+        assert held.fetchone() == (5,) and not held.cursor.closed
+    kept = connection.__dict__[prepared.KEPT]
+    assert len(kept.cursors) <= 3 and "SELECT 0" in kept.cursors
+    assert made[0].closed and not made[-1].closed  # the bound was reached when the third one came
+
+
+def test_a_moves_whole_statement_is_the_same_string_each_time(monkeypatch):
+    """What lets the move's cursor keep its adapters: the claim's text, as psycopg is given it,
+    is one object from one claim to the next."""
+    seen = []
+    first, second = _pending(2, monkeypatch)
+    real = prepared_cursor
+
+    def recording(conn, statement=None):
+        seen.append(statement)
+        return real(conn, statement)
+
+    monkeypatch.setattr("jobs.models.prepared_cursor", recording)
+    job_claim(job_id=first.pk, worker="w1 pid 1", task_id="t-1")
+    job_claim(job_id=second.pk, worker="w1 pid 1", task_id="t-2")
+    assert len(seen) == 2 and seen[0] is seen[1] and seen[0].startswith("WITH j AS (UPDATE")
+
+
+def test_one_jobs_submit_is_the_same_string_each_time(monkeypatch):
+    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
+    seen = []
+    real = prepared_cursor
+
+    def recording(conn, statement=None):
+        seen.append(statement)
+        return real(conn, statement)
+
+    monkeypatch.setattr("jobs.events.prepared_cursor", recording)
+    first, _ = job_submit(kind="demo.noop", input={})
+    second, _ = job_submit(kind="demo.noop", input={})
+    assert len(seen) == 2 and seen[0] is seen[1] and seen[0].startswith("WITH j AS (INSERT")
+    second.refresh_from_db()
+    assert first.pk != second.pk and second.status == "pending"

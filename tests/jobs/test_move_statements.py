@@ -5,6 +5,7 @@ reuse happens, that the comparison catches a wrong statement, and what is never 
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 
 import pytest
@@ -268,3 +269,19 @@ def test_one_jobs_insert_is_kept_and_still_checked_against_the_compiler(monkeypa
     with pytest.raises(AssertionError, match="differs from the compiler's"):
         job_submit(kind="demo.noop", input={})
     wrapper.__dict__.pop("_taskplatform_one_job_insert")
+
+
+def test_a_value_of_a_plain_type_is_a_parameter_and_a_subclass_is_looked_at():
+    from datetime import UTC, datetime
+
+    from jobs.statements import _value_kind
+
+    for value in ("processing", 3, 2.5, True, {"a": 1}, [1], datetime.now(UTC), uuid.uuid4()):
+        assert _value_kind(value) == "value", value
+
+    class Clever(str):  # a str that is also an expression: not a plain parameter
+        def resolve_expression(self, *args, **kwargs):
+            return F("status")
+
+    assert _value_kind(Clever("x")) is None  # not a known expression: the ORM builds the move
+    assert _value_kind(None) == "null"

@@ -575,3 +575,19 @@ def test_a_batch_submit_publishes_its_first_events_at_once_and_each_reaches_the_
     feed = received(feed_channel, 40)
     assert [message["job"]["id"] for message in feed] == [str(job.pk) for job in jobs]
     assert {message["job"]["status"] for message in feed} == {"pending"}
+
+
+def test_a_push_command_is_packed_as_redis_py_packs_it():
+    """The direct path packs with hiredis itself; what it writes is what redis-py's packer writes,
+    for each kind of argument a push command holds, and without hiredis redis-py's packer is used."""
+    import redis
+    from redis.connection import PythonRespSerializer
+
+    connection = redis.Redis.from_url(os.environ["REDIS_URL"]).connection_pool.make_connection()
+    command = ["EVALSHA", "abc123", 2, "asgi:group:jobs", b"asgi:group:job.\xff", 1733300000, -5, 86400.5,
+               "asgi:", "1733300000.000001", b"\x00\x81msg\xc3", "é"]
+    expected = b"".join(connection._command_packer.pack(*command))
+    assert broadcast._packer(connection)(command) == expected
+    connection._command_packer = PythonRespSerializer(connection._buffer_cutoff, connection.encoder.encode)
+    assert broadcast._packer(connection)(command) == b"".join(connection._command_packer.pack(*command))
+    connection.disconnect()

@@ -262,11 +262,11 @@ def job_update_with_event(
         values = [type, step, status, message or {}, now]
         sql, event_fields = _move_event_insert(connection)
         params = [field.get_db_prep_save(value, connection) for field, value in zip(event_fields, values, strict=True)]
-        job = job_update_returning(statement, then_insert=(sql, params), using=using)
+        job = job_update_returning(statement, then_insert=(sql, params), using=using, connection=connection)
         if job is None:
             return None
-        event = instance_from_row(JobEvent, JobEvent.objects.db, _EVENT_ATTNAMES,
-                                  [job._inserted_id, job.pk, job.event_seq, *values])
+        # The event's row is in the job's database: the statement wrote both.
+        event = instance_from_row(JobEvent, using, _EVENT_ATTNAMES, [job._inserted_id, job.pk, job.event_seq, *values])
     else:
         event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=now)
         jobs = Job.objects.all()
@@ -275,7 +275,9 @@ def job_update_with_event(
             return None
         event.job_id, event.seq = job.pk, job.event_seq
         _event_insert(event)
-    transaction.on_commit(partial(event_publish, job=job, event=event), robust=True)
+    # After the commit of the write's own connection (`transaction.on_commit` without `using`
+    # would look the default one up again).
+    connection.on_commit(partial(event_publish, job=job, event=event), robust=True)
     return job, event
 
 

@@ -68,10 +68,12 @@ class JobQuerySet(models.QuerySet):
 
 
 def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str, list] | None = None,
-                         using: str) -> Job | None:
+                         using: str, connection: Any = None) -> Job | None:
     """`JobQuerySet.update_returning` of a statement already built, without a queryset (the
-    path of every move: `jobs.events.job_update_with_event`)."""
-    connection = connections[using]
+    path of every move: `jobs.events.job_update_with_event`). `connection`: `using`'s, when the
+    caller has it already."""
+    if connection is None:
+        connection = connections[using]
     update_sql, params = statement
     columns, attnames, converting = _row_reading(connection, Job)
     insert_sql = None

@@ -23,6 +23,7 @@ from django.utils import timezone
 from dbkit.instances import instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor
+from dbkit.values import prepared_checked, save_preparer
 from jobs.broadcast import event_publish, events_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
@@ -211,11 +212,13 @@ _EVENT_ATTNAMES = ["id", "job_id", "seq", *_MOVE_EVENT_COLUMNS]
 
 def _move_event_insert(connection) -> tuple[str, list]:
     """The `INSERT … SELECT … FROM j` of a move's event (`job_update_with_event`), and the
-    fields of its parameters, in order: built once per connection."""
+    (field, preparer) of each of its parameters, in order (`dbkit.values`): built once per
+    connection."""
     def build() -> tuple[str, list]:
         placeholders = ", ".join(["%s"] * len(_MOVE_EVENT_COLUMNS))
         sql = f"{_event_insert_prefix(connection)} SELECT j.id, j.event_seq, {placeholders} FROM j"
-        return sql, [JobEvent._meta.get_field(name) for name in _MOVE_EVENT_COLUMNS]
+        fields = [JobEvent._meta.get_field(name) for name in _MOVE_EVENT_COLUMNS]
+        return sql, [(field, save_preparer(field, connection)) for field in fields]
 
     return once_per_connection(connection, "_taskplatform_move_event_insert", build)
 
@@ -260,8 +263,12 @@ def job_update_with_event(
         # The event's row is made from what the statement wrote, as `from_db` would (no
         # `Model.__init__` per move: `dbkit.instances`).
         values = [type, step, status, message or {}, now]
-        sql, event_fields = _move_event_insert(connection)
-        params = [field.get_db_prep_save(value, connection) for field, value in zip(event_fields, values, strict=True)]
+        sql, preparers = _move_event_insert(connection)
+        if settings.JOBS_CHECK_MOVE_STATEMENTS:
+            params = [prepared_checked(field, prepare, value, connection)
+                      for (field, prepare), value in zip(preparers, values, strict=True)]
+        else:
+            params = [prepare(value, connection) for (_, prepare), value in zip(preparers, values, strict=True)]
         job = job_update_returning(statement, then_insert=(sql, params), using=using, connection=connection)
         if job is None:
             return None

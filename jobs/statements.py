@@ -40,6 +40,7 @@ from django.db.models.lookups import Exact
 from django.db.models.sql.subqueries import UpdateQuery
 from django.db.models.sql.where import WhereNode
 
+from dbkit.values import save_preparer
 from jobs.extensions import TransitionHook
 from jobs.models import Job, status_among
 
@@ -107,9 +108,11 @@ class MoveRows:
 class _Kept:
     sql: str
     params: tuple
-    # (index in params, where the value comes from, the field or a count): the source is a column
-    # written (its name), or a value of the WHERE ("where:pk", "where:attempts",
-    # "where:checkpoint_key", "where:suspended_on"; no column name has a colon)
+    # (index in params, where the value comes from, what prepares it): the source is a column
+    # written (its name; prepared by its field's preparer, `dbkit.values`, or a count of a
+    # KeptExpression's parameters), or a value of the WHERE ("where:pk", "where:attempts",
+    # "where:checkpoint_key", "where:suspended_on", with the field compared; no column name has a
+    # colon)
     slots: tuple[tuple[int, str, Any], ...]
 
 
@@ -140,8 +143,8 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
             params[index] = _lookup_value(field, rows.suspended_on, connection)
         elif isinstance(field, int):  # a KeptExpression's parameters, `field` of them
             params[index:index + field] = fields[source].kept_params()
-        else:
-            params[index] = field.get_db_prep_save(fields[source], connection=connection)
+        else:  # a value written: `field` is its preparer (`dbkit.values`), checked below with the rest
+            params[index] = field(fields[source], connection)
     if settings.JOBS_CHECK_MOVE_STATEMENTS:
         _check(rows, fields, connection, kept.sql, params)
     return kept.sql, params
@@ -265,7 +268,7 @@ def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str
         if hasattr(prepared, "as_sql"):
             return sql, params, None
         if prepared is not None:
-            slots.append((index, name, field))
+            slots.append((index, name, save_preparer(field, connection)))
             index += 1
     for child in query.where.children:
         try:

@@ -1,0 +1,64 @@
+"""A value as a field's `get_db_prep_save` makes it, without the field's chain of methods for the
+plain values of the common fields.
+
+`Field.get_db_prep_save` goes through `get_db_prep_value`, `get_prep_value` and `to_python` for
+every value, each asking what the value is (an expression? a lazy string?), to give back, for a
+`str` in a `CharField` or an aware `datetime` in a `DateTimeField` on PostgreSQL, the value itself.
+A no-op job's two moves prepared 18 values that way (bench/README.md, "Values prepared"). A
+preparer answers those cases from the value's exact type and leaves every other value (an
+expression, a subclass, a naive time, another field's class) to the field's own method.
+
+`prepared_checked` prepares a value both ways, and the two must agree: the callers use it under the
+test settings (`JOBS_CHECK_MOVE_STATEMENTS`), so the whole suite checks the preparers.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+from django.db.models import CharField, DateTimeField, JSONField, TextField
+
+Preparer = Callable[[Any, Any], Any]
+
+
+def save_preparer(field: Any, connection: Any) -> Preparer:
+    """`prepare(value, connection)`, which returns what `field.get_db_prep_save(value, connection)`
+    returns, for a connection of the same backend as `connection`. Make it once and keep it."""
+    slow = field.get_db_prep_save
+    kind = type(field)
+    if kind is CharField or kind is TextField:
+        # `to_python` gives a `str` back as it is, and the base `get_db_prep_value` adds nothing.
+        return lambda value, connection: value if type(value) is str else slow(value, connection)
+    if kind is DateTimeField and _times_go_as_they_are(connection):
+        # An aware time: `get_prep_value` neither converts nor warns, and the backend sends it as is.
+        return lambda value, connection: (value if type(value) is datetime.datetime and value.tzinfo is not None
+                                          else slow(value, connection))
+    if kind is JSONField:
+        encoder = field.encoder
+        return lambda value, connection: (connection.ops.adapt_json_value(value, encoder)
+                                          if type(value) is dict or type(value) is list else slow(value, connection))
+    return slow
+
+
+def _times_go_as_they_are(connection: Any) -> bool:
+    """Whether the backend's `adapt_datetimefield_value` is PostgreSQL's, which returns the time."""
+    if connection.vendor != "postgresql":
+        return False
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    return type(connection.ops).adapt_datetimefield_value is DatabaseOperations.adapt_datetimefield_value
+
+
+def prepared_checked(field: Any, prepare: Preparer, value: Any, connection: Any) -> Any:
+    """`prepare(value, connection)`, which must give what `field.get_db_prep_save` gives."""
+    fast, slow = prepare(value, connection), field.get_db_prep_save(value, connection)
+    if _comparable(fast) != _comparable(slow):
+        raise AssertionError(f"{field} prepared {value!r} as {fast!r}; get_db_prep_save gives {slow!r}")
+    return fast
+
+
+def _comparable(value: Any) -> Any:
+    # psycopg's adapters (Jsonb) compare by identity: compare what they carry.
+    return (type(value).__name__, value.obj) if hasattr(value, "obj") else (type(value), value)

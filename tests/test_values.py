@@ -1,0 +1,63 @@
+"""`dbkit.values.save_preparer` gives what the field's `get_db_prep_save` gives, for any value."""
+
+from __future__ import annotations
+
+from datetime import UTC, timedelta, timezone
+
+import pytest
+from django.db import connection
+from django.db.models import CharField, DateTimeField, F, IntegerField, JSONField, TextField, Value
+from django.utils.functional import lazy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dbkit.values import _comparable, prepared_checked, save_preparer
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                           lambda children: st.lists(children, max_size=3)
+                           | st.dictionaries(st.text(max_size=3), children, max_size=3), max_leaves=6)
+values = st.one_of(
+    st.text(max_size=8),
+    st.integers(),
+    st.none(),
+    st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=3)), None])),
+    json_values,
+    st.sampled_from([F("status"), Value("x"), Value(None, JSONField()), lazy(lambda: "lazy", str)()]),
+)
+FIELDS = [CharField(max_length=20), TextField(), DateTimeField(), JSONField(), IntegerField()]
+
+
+class _Str(str):
+    pass
+
+
+@pytest.mark.filterwarnings("ignore:DateTimeField .* received a naive datetime")
+@pytest.mark.parametrize("field", FIELDS, ids=lambda field: type(field).__name__)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(value=values)
+def test_a_preparer_gives_what_get_db_prep_save_gives(field, value):
+    prepare = save_preparer(field, connection)
+    try:
+        expected = _comparable(field.get_db_prep_save(value, connection))
+    except Exception as exc:  # the field refuses the value: so does the preparer, the same way
+        with pytest.raises(type(exc)):
+            prepare(value, connection)
+        return
+    assert _comparable(prepare(value, connection)) == expected
+
+
+def test_a_subclass_of_str_and_an_unknown_field_class_go_the_fields_way():
+    class Upper(CharField):
+        def get_prep_value(self, value):
+            return super().get_prep_value(value).upper()
+
+    assert save_preparer(Upper(max_length=5), connection)("abc", connection) == "ABC"
+    value = _Str("abc")
+    assert save_preparer(CharField(max_length=5), connection)(value, connection) is value
+
+
+def test_the_check_catches_a_preparer_that_differs():
+    field = CharField(max_length=5)
+    with pytest.raises(AssertionError, match="get_db_prep_save gives"):
+        prepared_checked(field, lambda value, connection: value.upper(), "abc", connection)
+    assert prepared_checked(field, save_preparer(field, connection), "abc", connection) == "abc"

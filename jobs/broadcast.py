@@ -78,6 +78,9 @@ class DirectPush:
     # Pushes written in one command at most: more at once (a batch's first events) are written
     # as several commands, one write each (`Publisher.send_all`).
     max_pushes = 32
+    # Bytes asked for at once when reading the answers (a push's answer is a few bytes): a read
+    # that gives less took all there was, and a second read would only find the socket empty.
+    read_size = 65536
 
     def __init__(self, layer: Any, connection: Any) -> None:
         self.layer = layer
@@ -120,12 +123,13 @@ class DirectPush:
         refused_reason = ""
         while True:
             try:
-                data = self.socket.recv(65536)
+                data = self.socket.recv(self.read_size)
             except (BlockingIOError, ssl.SSLWantReadError):
                 break
             if not data:
                 raise OSError("Redis closed the connection")
             self.reader.feed(data)
+            more = len(data) == self.read_size  # else the answers there were are all read: no second call
             while (answer := self.reader.gets()) is not False:
                 pushes = self.unanswered.popleft()
                 if isinstance(answer, hiredis.ReplyError):
@@ -136,6 +140,8 @@ class DirectPush:
                         logger.warning("job event push refused by Redis: %s", answer)
                 elif answer:
                     logger.info("job event push: %s channel key(s) over capacity, skipped", answer)
+            if not more:
+                break
         if refused:
             raise Unsent(f"Redis ran none of {len(refused)} push(es): {refused_reason}", refused)
 

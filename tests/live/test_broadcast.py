@@ -591,3 +591,44 @@ def test_a_push_command_is_packed_as_redis_py_packs_it():
     connection._command_packer = PythonRespSerializer(connection._buffer_cutoff, connection.encoder.encode)
     assert broadcast._packer(connection)(command) == b"".join(connection._command_packer.pack(*command))
     connection.disconnect()
+
+
+def test_answers_longer_than_one_read_are_all_taken_by_one_read(monkeypatch):
+    """A read takes what is there with as few calls as it can: one when the answers fit, more
+    while each call fills the size asked for."""
+    publish("bench.warm", {"type": "test.message"})
+    assert publisher().flush(5)
+    direct = direct_ready()
+    with publisher()._lock:
+        monkeypatch.setattr(direct, "read_size", 5)  # each answer (`:0\r\n`) is 4 bytes
+        for number in range(6):
+            direct.send([("bench.read", {"type": "test.message", "number": number})])
+        time.sleep(0.3)  # Redis answers all six meanwhile: 24 bytes in the socket
+        direct.read()
+        assert not direct.unanswered
+
+
+def test_a_read_that_found_all_there_was_asks_the_socket_once(monkeypatch):
+    publish("bench.warm", {"type": "test.message"})
+    assert publisher().flush(5)
+    direct = direct_ready()
+    calls = []
+
+    class Counting:
+        def __init__(self, sock):
+            self.sock = sock
+
+        def recv(self, size):
+            calls.append(size)
+            return self.sock.recv(size)
+
+        def __getattr__(self, name):
+            return getattr(self.sock, name)
+
+    with publisher()._lock:
+        monkeypatch.setattr(direct, "socket", Counting(direct.socket))
+        direct.send([("bench.read", {"type": "test.message"})])
+        time.sleep(0.2)
+        calls.clear()
+        direct.read()
+        assert not direct.unanswered and len(calls) == 1

@@ -59,6 +59,12 @@ def prepared_checked(field: Any, prepare: Preparer, value: Any, connection: Any)
     return fast
 
 
+def comparable(param: Any) -> Any:
+    """A statement's parameter as it compares: psycopg's adapters (Jsonb) compare by identity, so
+    what they carry."""
+    return (type(param).__name__, param.obj) if hasattr(param, "obj") else param
+
+
 def _comparable(value: Any) -> Any:
-    # psycopg's adapters (Jsonb) compare by identity: compare what they carry.
-    return (type(value).__name__, value.obj) if hasattr(value, "obj") else (type(value), value)
+    # A prepared value must also be of the same type (`1` and `True` compare equal).
+    return type(value), comparable(value)

@@ -23,12 +23,12 @@ from django.utils import timezone
 from dbkit.instances import instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor
-from dbkit.values import prepared_checked, save_preparer
+from dbkit.values import comparable, prepared_checked, save_preparer
 from jobs.broadcast import event_publish, events_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
 from jobs.models import Job, JobEvent, column_converters, converted, job_update_returning
-from jobs.statements import NEXT_EVENT_SEQ, KeptExpression, MoveRows, comparable, move_statement
+from jobs.statements import NEXT_EVENT_SEQ, KeptExpression, MoveRows, move_statement
 
 
 class RunLost(BaseException):

@@ -40,7 +40,7 @@ from django.db.models.lookups import Exact
 from django.db.models.sql.subqueries import UpdateQuery
 from django.db.models.sql.where import WhereNode
 
-from dbkit.values import save_preparer
+from dbkit.values import comparable, save_preparer
 from jobs.extensions import TransitionHook
 from jobs.models import Job, status_among
 
@@ -188,8 +188,7 @@ def _expression_kind(expression: Any) -> Any:
 
 # Values of these exact types are parameters: none of them is an expression or a model instance
 # (their subclasses may be, and go through the checks below).
-_PARAMETER_TYPES = frozenset({str, bool, int, float, decimal.Decimal, uuid.UUID, datetime.datetime, datetime.date,
-                              datetime.timedelta, dict, list})
+_PARAMETER_TYPES = frozenset({*_PLAIN, dict, list}) - {type(None)}
 
 
 def _value_kind(value: Any) -> Any:
@@ -332,9 +331,3 @@ def _check(rows: MoveRows, fields: dict[str, Any], connection: Any, sql: str, pa
     if sql != expected_sql or [comparable(p) for p in params] != [comparable(p) for p in expected_params]:
         raise AssertionError(f"a kept move statement differs from the ORM's:\n{sql}\n{params}\n"
                              f"{expected_sql}\n{list(expected_params)}")
-
-
-def comparable(param: Any) -> Any:
-    """A statement's parameter as it compares: psycopg's adapters (Jsonb) compare by identity, so
-    what they carry."""
-    return (type(param).__name__, param.obj) if hasattr(param, "obj") else param

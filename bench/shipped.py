@@ -145,6 +145,12 @@ class Platform:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(exist_ok=True)
+        # The platform's modules compiled first, as the image does (`compileall` in the Dockerfile)
+        # and as Python does on its own where PYTHONDONTWRITEBYTECODE is unset (on its first
+        # start): where it is set and nothing was compiled, every process (each `manage.py submit`
+        # too) would compile them again at its start, about 0.15 s of CPU a process.
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "-x", r"/(\.venv|\.git|var|node_modules)/", "."],
+                       cwd=BASE_DIR, check=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "devtools.supervisor"], cwd=BASE_DIR, env=self.env,
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

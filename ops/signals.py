@@ -7,10 +7,12 @@ They run in every process that starts Celery (worker, beat) and do nothing elsew
 - Around each run of `jobs.run`, the job's id and kind are the log context of the pool process,
   and the time the worker last took a job is recorded for /readyz.
 - The worker's heartbeat (its queues, that it is alive) for /readyz and /metrics.
+- The worker's timer kept to the entries still to come (`timer_compact`).
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import logging.config
 import time
@@ -23,6 +25,8 @@ from ops.logging import job_log_context_reset, job_log_context_set
 from ops.workers import worker_forget, worker_heartbeat, worker_job_taken
 
 JOB_TASK = "jobs.run"
+
+logger = logging.getLogger(__name__)
 
 
 @signals.setup_logging.connect
@@ -94,6 +98,36 @@ def _heartbeat_begins(sender: Any = None, **kwargs: Any) -> None:
 
     beat()
     consumer.timer.call_repeatedly(settings.OPS_HEARTBEAT_INTERVAL, beat)
+
+
+@signals.worker_ready.connect
+def _timer_compaction_begins(sender: Any = None, **kwargs: Any) -> None:
+    """In the worker's main process: drop the timer's cancelled entries every
+    WORKER_TIMER_COMPACT_INTERVAL seconds (`timer_compact`)."""
+    timer = getattr(sender, "timer", None)
+    if not isinstance(getattr(timer, "_queue", None), list):  # another pool's timer: no time limits kept there
+        return
+    timer.call_repeatedly(settings.WORKER_TIMER_COMPACT_INTERVAL, timer_compact, (timer,))
+
+
+def timer_compact(timer: Any) -> int:
+    """Rebuild the heap of kombu's `timer` without its cancelled entries; return how many it dropped.
+
+    Celery puts each task's time limit (JOBS_TIME_LIMIT, an hour unless its kind says less) on
+    the worker's timer, a heap in the main process, and cancels it when the task ends. A
+    cancelled entry stays in the heap until its time comes, when the timer only skips it
+    (celery/celery#5200). A worker running 100 jobs a second would hold 360,000 of them after an
+    hour: about 170 MB, and each full garbage collection of the main process walks them all
+    (about 170 ms on this machine, during which it fetches, hands out and acknowledges nothing).
+    The heap is changed in place: the timer's loop reads it afresh at each step."""
+    queue = timer._queue
+    kept = [item for item in queue if not item.entry.canceled]
+    dropped = len(queue) - len(kept)
+    if dropped:
+        heapq.heapify(kept)
+        queue[:] = kept
+        logger.debug("worker timer: %d cancelled entries dropped, %d kept", dropped, len(kept))
+    return dropped
 
 
 @signals.worker_shutdown.connect

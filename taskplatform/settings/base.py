@@ -606,6 +606,9 @@ METRICS_WINDOW = env.int("METRICS_WINDOW", default=3600)
 OPS_HEARTBEAT_INTERVAL = env.float("OPS_HEARTBEAT_INTERVAL", default=10.0)
 # ... and the age past which /readyz counts a worker as gone (503 when no worker is fresher).
 OPS_WORKER_STALE_AFTER = env.float("OPS_WORKER_STALE_AFTER", default=30.0)
+# Seconds between two passes that drop the cancelled entries of a worker's timer (each task's
+# time limit, cancelled when it ends, would otherwise stay there for JOBS_TIME_LIMIT: ops.signals).
+WORKER_TIMER_COMPACT_INTERVAL = env.float("WORKER_TIMER_COMPACT_INTERVAL", default=60.0)
 # Flower as a browser reaches it, for the admin's links to a job's Celery tasks.
 FLOWER_URL = env.str("FLOWER_URL", default=f"http://{HOST}:{FLOWER_PORT}").rstrip("/")
 # Every request for a job (its page, its API, its admin page) logs with the job's id and kind

@@ -222,3 +222,30 @@ def test_the_submit_command_prints_one_id_per_job(capsys):
     assert len(ids) == 3 and Job.objects.filter(pk__in=ids, kind="demo.noop").count() == 3
     with pytest.raises(CommandError, match="inputs\\[0\\]"):
         call_command("submit", "demo.sleep", "--input", '{"seconds": 1}')
+
+
+@pytest.mark.django_db(transaction=True)  # each batch really commits, and is dispatched then
+def test_the_submit_command_dispatches_a_small_first_batch_before_writing_the_rest(capsys, monkeypatch):
+    """`--count N` writes and dispatches its first few jobs on their own (50), so the workers start
+    on them while the rest are written, in larger transactions (500; smaller here)."""
+    from django.core.management import call_command
+
+    from jobs.management.commands import submit
+    from jobs.services import jobs_submit_many
+
+    written: list[int] = []
+    dispatched: list[int] = []
+
+    def counted(*, kind, inputs, **kwargs):
+        written.append(len(inputs))
+        assert sum(dispatched) == sum(written[:-1]), "a batch was written before the one before it was dispatched"
+        return jobs_submit_many(kind=kind, inputs=inputs, **kwargs)
+
+    monkeypatch.setattr(submit, "jobs_submit_many", counted)
+    monkeypatch.setattr(submit.Command, "first_batch", 2)
+    monkeypatch.setattr(submit.Command, "batch", 5)
+    monkeypatch.setattr("jobs.services.transitions.jobs_dispatch",
+                        lambda jobs, **kwargs: dispatched.append(len(list(jobs))))
+    call_command("submit", "demo.noop", "--count", "13")
+    assert written == [2, 5, 5, 1] and dispatched == [2, 5, 5, 1]
+    assert len(capsys.readouterr().out.split()) == 13 == Job.objects.filter(kind="demo.noop").count()

@@ -12,6 +12,8 @@ from unittest import mock
 
 import pytest
 from asgiref.sync import async_to_sync
+from hypothesis import given
+from hypothesis import strategies as st
 from channels.layers import get_channel_layer
 
 from jobs import broadcast
@@ -591,6 +593,17 @@ def test_a_push_command_is_packed_as_redis_py_packs_it():
     connection._command_packer = PythonRespSerializer(connection._buffer_cutoff, connection.encoder.encode)
     assert broadcast._packer(connection)(command) == b"".join(connection._command_packer.pack(*command))
     connection.disconnect()
+
+
+@given(st.integers(min_value=0, max_value=4_102_444_800_000_000))  # microseconds, to 2100
+def test_a_push_score_is_its_microseconds_as_seconds_and_the_next_one_is_above_it(microseconds):
+    """A score's text reads back (as Redis reads it, a double) as the time it stands for, and a
+    score one microsecond later reads back higher: two pushes keep their order in a key."""
+    from taskplatform.channel_layer import PUSH_SCORE_STEP_US, _score_text
+
+    text = _score_text(microseconds)
+    assert abs(float(text) - microseconds / 1e6) <= 1e-6 and float(text) == float(repr(microseconds / 1e6))
+    assert float(_score_text(microseconds + PUSH_SCORE_STEP_US)) > float(text)
 
 
 def test_answers_longer_than_one_read_are_all_taken_by_one_read(monkeypatch):

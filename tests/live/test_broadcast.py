@@ -12,9 +12,9 @@ from unittest import mock
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from hypothesis import given
 from hypothesis import strategies as st
-from channels.layers import get_channel_layer
 
 from jobs import broadcast
 from jobs.broadcast import FEED_GROUP, job_group, publish, publisher

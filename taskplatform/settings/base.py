@@ -608,6 +608,7 @@ OPS_HEARTBEAT_INTERVAL = env.float("OPS_HEARTBEAT_INTERVAL", default=10.0)
 OPS_WORKER_STALE_AFTER = env.float("OPS_WORKER_STALE_AFTER", default=30.0)
 # Seconds between two passes that drop the cancelled entries of a worker's timer (each task's
 # time limit, cancelled when it ends, would otherwise stay there for JOBS_TIME_LIMIT: ops.signals).
+# 0 turns the passes off.
 WORKER_TIMER_COMPACT_INTERVAL = env.float("WORKER_TIMER_COMPACT_INTERVAL", default=60.0)
 # Flower as a browser reaches it, for the admin's links to a job's Celery tasks.
 FLOWER_URL = env.str("FLOWER_URL", default=f"http://{HOST}:{FLOWER_PORT}").rstrip("/")

@@ -103,3 +103,19 @@ def test_a_worker_drops_the_time_limits_of_the_jobs_it_ran():
                    message=f"the worker dropped {dropped()} of 20 cancelled time limits:\n{process.output[-3000:]}")
     finally:
         process.stop()
+
+
+def test_an_interval_of_zero_turns_the_compaction_off(settings):
+    """WORKER_TIMER_COMPACT_INTERVAL=0 leaves the timer alone (a zero interval would otherwise spin
+    the main process's loop)."""
+    from types import SimpleNamespace
+
+    from ops.signals import _timer_compaction_begins
+
+    timer = Timer()
+    settings.WORKER_TIMER_COMPACT_INTERVAL = 0
+    _timer_compaction_begins(SimpleNamespace(timer=timer))
+    assert timer._queue == []
+    settings.WORKER_TIMER_COMPACT_INTERVAL = 60
+    _timer_compaction_begins(SimpleNamespace(timer=timer))
+    assert len(timer._queue) == 1

@@ -5,6 +5,7 @@ Only `jobs.services.job_transition` writes `Job.status`; a test greps for other 
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Any
 
@@ -99,21 +100,15 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
 
 # The whole statement of an UPDATE (and INSERT) text, the same string object each time they are
 # the same (kept texts: `jobs.statements`), which lets its cursor keep its adapters
-# (`dbkit.prepared`). Past this many texts (statements that are not kept), all are dropped.
+# (`dbkit.prepared`). The texts of statements that are not kept come and go (the least used first).
 MAX_RETURNING_STATEMENTS = 512
-_returning_statements: dict[tuple[str, str | None, str], str] = {}
 
 
+@functools.lru_cache(maxsize=MAX_RETURNING_STATEMENTS)
 def _returning_statement(update_sql: str, insert_sql: str | None, columns: str) -> str:
-    key = (update_sql, insert_sql, columns)
-    sql = _returning_statements.get(key)
-    if sql is None:
-        sql = f"{update_sql} RETURNING {columns}"
-        if insert_sql is not None:
-            sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
-        if len(_returning_statements) >= MAX_RETURNING_STATEMENTS:
-            _returning_statements.clear()
-        _returning_statements[key] = sql
+    sql = f"{update_sql} RETURNING {columns}"
+    if insert_sql is not None:
+        sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
     return sql
 
 

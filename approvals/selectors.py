@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
+from accounts.assignment import assigned_to_user
 from approvals.models import Decision, Question
 from dbkit.kept import KeptRead
 
@@ -30,10 +31,18 @@ def _may_answer_at_all(user: Any) -> bool:
 
 def assigned_to(user: Any) -> Q:
     """The condition "the question is assigned to `user`, directly or through one of their
-    groups", for a filter or (wrapped) an annotation."""
-    by_user = Question.assigned_users.through.objects.filter(question_id=OuterRef("pk"), user_id=user.pk)
-    by_group = Question.assigned_groups.through.objects.filter(question_id=OuterRef("pk"), group__user=user)
-    return Q(Exists(by_user)) | Q(Exists(by_group))
+    groups", for a filter or (wrapped) an annotation: checked question by question
+    (`accounts.assignment`)."""
+    return assigned_to_user(users=Question.assigned_users.through, groups=Question.assigned_groups.through,
+                            row_field="question_id", user=user)
+
+
+def _answerable(user: Any) -> Q | None:
+    """The condition of `questions_answerable_by` on a question's own row (None: no question)."""
+    if not _may_answer_at_all(user):
+        return None
+    condition = Q(job__owner__isnull=True) | ~Q(job__owner=user) | Q(job__kind__in=kinds_allowing_self_approval())
+    return condition if user.is_superuser else assigned_to(user) & condition
 
 
 def questions_answerable_by(user: Any) -> QuerySet[Question]:
@@ -41,14 +50,8 @@ def questions_answerable_by(user: Any) -> QuerySet[Question]:
     those assigned to them directly or through one of their groups (every question for a
     superuser), except the questions of their own jobs when the job's kind does not allow
     self-approval. The same rule as `question_check_can_answer`, as a query."""
-    if not _may_answer_at_all(user):
-        return Question.objects.none()
-    questions = Question.objects.all()
-    if not user.is_superuser:
-        questions = questions.filter(assigned_to(user))
-    return questions.filter(
-        Q(job__owner__isnull=True) | ~Q(job__owner=user) | Q(job__kind__in=kinds_allowing_self_approval())
-    )
+    condition = _answerable(user)
+    return Question.objects.none() if condition is None else Question.objects.filter(condition)
 
 
 def questions_waiting_for(user: Any) -> QuerySet[Question]:
@@ -74,7 +77,10 @@ def questions_visible_to(user: Any) -> QuerySet[Question]:
         return Question.objects.none()
     if user.is_staff:
         return Question.objects.all()
-    return Question.objects.filter(Q(pk__in=questions_answerable_by(user).values("pk")) | Q(job__owner=user))
+    # One condition on the question's own row, not `pk IN (every answerable question)`: a set
+    # PostgreSQL would build whole for each read of one question.
+    answerable, theirs = _answerable(user), Q(job__owner=user)
+    return Question.objects.filter(theirs if answerable is None else answerable | theirs)
 
 
 def with_approvals(questions: QuerySet[Question]) -> QuerySet[Question]:

@@ -7,6 +7,7 @@ from typing import Any
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Concat
 
+from accounts.assignment import assigned_to_user
 from approvals.selectors import ANSWER_PERMISSION, kinds_allowing_self_approval
 from jobs.clock import db_now
 from jobs.models import Job
@@ -37,9 +38,8 @@ def waits_actable_by(user: Any) -> QuerySet[Wait]:
         return Wait.objects.none()
     waits = Wait.objects.filter(person__isnull=False)
     if not user.is_superuser:
-        by_user = Wait.assigned_users.through.objects.filter(wait_id=OuterRef("pk"), user_id=user.pk)
-        by_group = Wait.assigned_groups.through.objects.filter(wait_id=OuterRef("pk"), group__user=user)
-        waits = waits.filter(Exists(by_user) | Exists(by_group))
+        waits = waits.filter(assigned_to_user(users=Wait.assigned_users.through, groups=Wait.assigned_groups.through,
+                                              row_field="wait_id", user=user))
     return waits.filter(
         Q(job__owner__isnull=True) | ~Q(job__owner=user) | Q(job__kind__in=kinds_allowing_self_approval())
     )
@@ -48,7 +48,9 @@ def waits_actable_by(user: Any) -> QuerySet[Wait]:
 def waits_visible_to(user: Any) -> QuerySet[Wait]:
     """Waits `user` may see: those of the jobs they may see (`jobs.selectors.jobs_visible_to`,
     which counts the combined waits they may act on)."""
-    return Wait.objects.filter(job__in=jobs_visible_to(user).values("pk"))
+    # Per wait (its job's row), not `job IN (every job they may see)`: a set PostgreSQL would build
+    # whole for each read of one wait.
+    return Wait.objects.filter(Exists(jobs_visible_to(user).filter(pk=OuterRef("job_id"))))
 
 
 def wait_get_visible(*, user: Any, wait_id: Any) -> Wait:

@@ -1,0 +1,35 @@
+""""Assigned to this user": a row's many-to-many assignees (users, and groups whose members
+count), as a condition PostgreSQL checks row by row.
+
+The plain form, `EXISTS (SELECT 1 FROM assigned_users WHERE question_id = outer.id AND
+user_id = …)`, is one PostgreSQL may rewrite as `outer.id = ANY (SELECT question_id … WHERE
+user_id = …)` and run as a hashed set of *every* row ever assigned to that user, or to any of
+their groups, built again for each statement. It did so for a single question read by its id:
+with 11,000 questions assigned to a reviewers group, reading one of them as a reviewer took 40 ms,
+and grew with every question asked (bench/README.md, "Visibility in time of one row").
+
+Here each EXISTS reaches its row only through a subquery of its own (`… WHERE user_id = … AND
+group_id IN (SELECT group_id FROM assigned_groups WHERE question_id = outer.id)`). PostgreSQL
+cannot turn that into a set, so it checks each row it is asked about, through the assignment
+tables' index on the row: the same few index reads at any size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db.models import Exists, Model, OuterRef, Q
+
+
+def assigned_to_user(*, users: type[Model], groups: type[Model], row_field: str, user: Any) -> Q:
+    """The condition "`user` is one of the row's assignees, directly or through one of their
+    groups", for a filter (or, wrapped, an annotation) of the model whose many-to-many through
+    models are `users` (fields `row_field`, `user_id`) and `groups` (`row_field`, `group_id`)."""
+    row = OuterRef(OuterRef("pk"))
+    user_model = get_user_model()
+    directly = user_model.objects.filter(
+        pk=user.pk, pk__in=users.objects.filter(**{row_field: row}).values("user_id"))
+    member = user_model.groups.through.objects.filter(
+        user_id=user.pk, group_id__in=groups.objects.filter(**{row_field: row}).values("group_id"))
+    return Q(Exists(directly)) | Q(Exists(member))

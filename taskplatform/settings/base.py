@@ -162,12 +162,12 @@ elif env.bool("DATABASE_POOL", default=False):
     # `dbkit.pool.check_quietly` in its place, which asks the socket first and sends that round
     # trip only when in doubt. https://docs.djangoproject.com/en/5.2/ref/databases/#connection-pool
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    DATABASES["default"]["OPTIONS"] = {
-        "pool": {
-            "min_size": env.int("DATABASE_POOL_MIN", default=2),
-            "max_size": env.int("DATABASE_POOL_MAX", default=10),
-            "timeout": 10,
-        }
+    # Beside the URL's own options (`?sslmode=require`, `target_session_attrs=read-write`…), never
+    # in their place: the web processes connect as every other process does.
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": env.int("DATABASE_POOL_MIN", default=2),
+        "max_size": env.int("DATABASE_POOL_MAX", default=10),
+        "timeout": 10,
     }
 else:
     # Workers and commands keep one connection open between tasks; it is checked before reuse
@@ -178,6 +178,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django's backend, with the pool's quiet check (above) and timestamps read in C: the same
     # values, 20 times faster to read (dbkit/postgresql/base.py).
     DATABASES["default"]["ENGINE"] = "dbkit.postgresql"
+    # PostgreSQL compiles a statement to machine code (JIT) when its estimated cost passes
+    # `jit_above_cost`: a reviewer's job list or an admin count on a large table took 480 ms of
+    # compiling for 70 ms of running (bench/README.md, "Visibility in time of one row"). Nothing
+    # the platform sends runs long enough to gain from it, so its connections turn it off (a
+    # startup option, added to the URL's own `options`). DATABASE_JIT=true leaves the server's
+    # setting, and sends nothing (a pooler that refuses startup options).
+    if not env.bool("DATABASE_JIT", default=False):
+        _options = DATABASES["default"].setdefault("OPTIONS", {})
+        _options["options"] = f"{_options.get('options', '')} -c jit=off".strip()
 # The hot paths' statements (a job's moves, the kept reads) are prepared once per connection
 # (dbkit/prepared.py). Set false behind a connection pooler in transaction mode that does not
 # follow prepared statements (PgBouncer before 1.21).

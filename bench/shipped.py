@@ -73,6 +73,13 @@ from bench.throughput import results_save, run_header  # noqa: E402
 from bench.wake import percentile  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
+# The virtualenv that `make run` installs (production's hash-checked packages and the development
+# extras, nothing of the test tools), made by the Makefile's own target (`--venv run`, the default).
+# `make run`'s processes, `manage.py submit` and the baseline workers run from it. The bench itself
+# runs from the development one (it needs psutil, py-spy and the platform's test tools).
+RUN_VENV = BASE_DIR / "var" / "bench-run-venv"
+# The bin directory the measured processes run from: set by `main` (`--venv`).
+RUN_BIN = VENV_BIN
 AIMS = {"ratio": 0.6, "api_per_second": 300, "api_p99_ms": 50, "answer_p50_ms": 15, "answer_p99_ms": 40,
         "wake_p99_ms": 40}
 
@@ -149,10 +156,10 @@ class Platform:
         # and as Python does on its own where PYTHONDONTWRITEBYTECODE is unset (on its first
         # start): where it is set and nothing was compiled, every process (each `manage.py submit`
         # too) would compile them again at its start, about 0.15 s of CPU a process.
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "-x", r"/(\.venv|\.git|var|node_modules)/", "."],
-                       cwd=BASE_DIR, check=True)
+        subprocess.run([str(RUN_BIN / "python"), "-m", "compileall", "-q", "-x", r"/(\.venv|\.git|var|node_modules)/",
+                        "."], cwd=BASE_DIR, check=True)
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "devtools.supervisor"], cwd=BASE_DIR, env=self.env,
+        self.proc = subprocess.Popen([str(RUN_BIN / "python"), "-m", "devtools.supervisor"], cwd=BASE_DIR, env=self.env,
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         import httpx
 
@@ -231,6 +238,20 @@ class Platform:
                 process.kill()
             except psutil.NoSuchProcess:
                 continue
+
+
+def run_venv_made() -> Path:
+    """`make run`'s virtualenv under var/ (`RUN_VENV`), made or brought up to date by the Makefile's
+    own target, as `make run` does it: its bin directory. The development virtualenv holds the test
+    tools as well, and some of them change what the platform imports at every start (httpx loads
+    its command line with `rich` when `rich` is there; DRF imports `requests` when it is there)."""
+    made = subprocess.run(["make", "--no-print-directory", f"VENV={RUN_VENV.relative_to(BASE_DIR)}",
+                           f"{RUN_VENV.relative_to(BASE_DIR)}/bin/.installed-run"],
+                          cwd=BASE_DIR, capture_output=True, text=True)
+    if made.returncode:
+        raise SystemExit(f"bench: could not make the run virtualenv ({RUN_VENV}):\n{made.stdout[-1500:]}"
+                         f"{made.stderr[-1500:]}")
+    return RUN_VENV / "bin"
 
 
 def service_name(argv: list[str]) -> str:
@@ -377,7 +398,7 @@ def baseline_worker(app: str, queue: str, concurrency: int, redis_url: str,
     with its pool at the end."""
     env = {**os.environ, "BARE_CELERY_BROKER": redis_url, "PYTHONPATH": str(BASE_DIR), **(env or {})}
     worker = subprocess.Popen(
-        [str(VENV_BIN / "celery"), "-A", app, "worker", "-l", "WARNING", "-c", str(concurrency),
+        [str(RUN_BIN / "celery"), "-A", app, "worker", "-l", "WARNING", "-c", str(concurrency),
          "-Q", queue, "--without-mingle", "--without-gossip", "--pool", "prefork"],
         cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -537,7 +558,7 @@ def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = Non
     budget = CpuBudget(shipped.service_pid("worker"))
     budget.start()
     started = time.perf_counter()
-    submit = subprocess.run([sys.executable, "manage.py", "submit", "demo.noop", "--count", str(count)],
+    submit = subprocess.run([str(RUN_BIN / "python"), "manage.py", "submit", "demo.noop", "--count", str(count)],
                             cwd=BASE_DIR, env=shipped.env, capture_output=True, text=True)
     if submit.returncode:
         raise SystemExit(f"bench: manage.py submit failed: {submit.stderr[-2000:]}")
@@ -1110,7 +1131,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# The shipped configuration, {result['when']}", "",
              f"{result['machine']}; PostgreSQL and Redis on the same machine; `make run`'s processes "
              f"(development settings), worker concurrency {first['worker_concurrency']}, web processes "
-             f"{first['web_concurrency'] or 'default'}; code {result['revision']}.", "",
+             f"{first['web_concurrency'] or 'default'}; code {result['revision']}; the processes from "
+             f"{result.get('venv', 'the development virtualenv')}.", "",
              "| figure | baseline, same run | ours | aim |", "|---|---|---|---|"]
     if "ratio" in first:
         lines.append(f"| no-op jobs end to end ({first['platform']['count']}) | bare Celery "
@@ -1181,9 +1203,14 @@ def main() -> int:
     parser.add_argument("--profile-wall", action="store_true",
                         help="with --profile: sample every thread, idle ones included (where the time goes, "
                              "not only the CPU)")
+    parser.add_argument("--venv", choices=("run", "current"), default="run",
+                        help="run: the measured processes run from a virtualenv of exactly what `make run` installs "
+                             "(made under var/ by the Makefile's target); current: from this interpreter's")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     Profile.wall = args.profile_wall
+    global RUN_BIN
+    RUN_BIN = run_venv_made() if args.venv == "run" else VENV_BIN
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         raise SystemExit("bench: set DATABASE_URL (PostgreSQL; the database is dropped and made again) and REDIS_URL "
                          "(its database is flushed)")
@@ -1208,7 +1235,8 @@ def main() -> int:
             runs.append(run_configuration(args, worker_concurrency=args.concurrency, web_concurrency=web,
                                           phases={"api"}))
     durable_tables_drop()
-    result = {**run_header(), "clients": args.clients, "count": args.count, "runs": runs}
+    result = {**run_header(), "clients": args.clients, "count": args.count, "runs": runs,
+              "venv": "make run's (requirements.lock, requirements-run.txt)" if args.venv == "run" else str(VENV_BIN)}
     text = markdown(result)
     print(text)
     if not args.no_write:

@@ -28,8 +28,8 @@ def register() -> None:
         questions_cancel_for_job(job=job, actor=actor, channel=channel, comment=comment)
 
     @extensions.visibility_rule("approvals.answerable")
-    def answerable(user: Any) -> Any:
-        return Exists(questions_answerable_by(user).filter(job_id=OuterRef("pk")))
+    def answerable(user: Any, *, per_row: bool) -> Any:
+        return Exists(questions_answerable_by(user, per_row=per_row).filter(job_id=OuterRef("pk")))
 
     extensions.job_section(pages.SECTION, template="approvals/_job_questions.html", order=10)(
         pages.open_questions_section

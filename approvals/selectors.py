@@ -29,28 +29,31 @@ def _may_answer_at_all(user: Any) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_active and user.has_perm(ANSWER_PERMISSION))
 
 
-def assigned_to(user: Any) -> Q:
+def assigned_to(user: Any, *, per_row: bool = True) -> Q:
     """The condition "the question is assigned to `user`, directly or through one of their
-    groups", for a filter or (wrapped) an annotation: checked question by question
-    (`accounts.assignment`)."""
+    groups", for a filter or (wrapped) an annotation: checked question by question, or with
+    `per_row=False` as the planner likes, for a list or a count over many (`accounts.assignment`)."""
     return assigned_to_user(users=Question.assigned_users.through, groups=Question.assigned_groups.through,
-                            row_field="question_id", user=user)
+                            row_field="question_id", user=user, per_row=per_row)
 
 
-def _answerable(user: Any) -> Q | None:
+def _answerable(user: Any, *, per_row: bool = True) -> Q | None:
     """The condition of `questions_answerable_by` on a question's own row (None: no question)."""
     if not _may_answer_at_all(user):
         return None
     condition = Q(job__owner__isnull=True) | ~Q(job__owner=user) | Q(job__kind__in=kinds_allowing_self_approval())
-    return condition if user.is_superuser else assigned_to(user) & condition
+    return condition if user.is_superuser else assigned_to(user, per_row=per_row) & condition
 
 
-def questions_answerable_by(user: Any) -> QuerySet[Question]:
+def questions_answerable_by(user: Any, *, per_row: bool = False) -> QuerySet[Question]:
     """Questions `user` may answer (whatever their status): for holders of the answer permission,
     those assigned to them directly or through one of their groups (every question for a
     superuser), except the questions of their own jobs when the job's kind does not allow
-    self-approval. The same rule as `question_check_can_answer`, as a query."""
-    condition = _answerable(user)
+    self-approval. The same rule as `question_check_can_answer`, as a query.
+
+    For a list or a count (the inbox), the planner checks the assignments as it likes; `per_row`
+    for a read of a few rows (a job's visibility: `approvals.extensions`), question by question."""
+    condition = _answerable(user, per_row=per_row)
     return Question.objects.none() if condition is None else Question.objects.filter(condition)
 
 

@@ -221,7 +221,7 @@ def family_context(request: HttpRequest, job: Job) -> dict[str, Any]:
     """The job's parent (a child's questions say which job they belong to) and its children:
     counts by status, and the first ones the viewer may see."""
     counts = job_children_counts(job)
-    visible = jobs_visible_to(request.user)
+    visible = jobs_visible_to(request.user, per_row=True)  # one job's family
     children = list(visible.filter(parent_id=job.pk).order_by("created_at", "pk")[:CHILDREN_SHOWN]) if counts else []
     return {
         "parent_job": Job.objects.filter(pk=job.parent_id).first() if job.parent_id else None,

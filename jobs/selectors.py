@@ -13,17 +13,21 @@ from jobs.extensions import visibility_rules
 from jobs.models import Job, JobEvent
 
 
-def jobs_visible_to(user: Any) -> QuerySet[Job]:
+def jobs_visible_to(user: Any, *, per_row: bool = False) -> QuerySet[Job]:
     """Jobs `user` may see: those they created, all for staff, and those the feature apps'
     visibility rules add (`jobs.extensions.visibility_rule`: a reviewer sees the jobs with a
-    question they may answer)."""
+    question they may answer).
+
+    `per_row`: for a read of one job or a few, each rule checks that job's own rows, the same few
+    index reads at any size; without it (a list, a count) the planner may build a rule's sets
+    once for all the rows it checks (`accounts.assignment`)."""
     if user is None or not user.is_authenticated or not user.is_active:
         return Job.objects.none()
     if user.is_staff:
         return Job.objects.all()
     condition = Q(owner=user)
     for rule in visibility_rules():
-        condition |= rule(user)
+        condition |= rule(user, per_row=per_row)
     return Job.objects.filter(condition)
 
 
@@ -33,7 +37,7 @@ def job_visible_to_which(*, job_id: Any, users: list[Any]) -> set[Any]:
     seeing: set[Any] = set()
     for start in range(0, len(users), 50):
         part = users[start:start + 50]
-        checks = {f"u{index}": Exists(jobs_visible_to(user).filter(pk=OuterRef("pk")))
+        checks = {f"u{index}": Exists(jobs_visible_to(user, per_row=True).filter(pk=OuterRef("pk")))
                   for index, user in enumerate(part)}
         row = Job.objects.filter(pk=job_id).annotate(**checks).values(*checks).first()
         if row is None:
@@ -45,7 +49,7 @@ def job_visible_to_which(*, job_id: Any, users: list[Any]) -> set[Any]:
 def job_get_visible(*, user: Any, job_id: Any) -> Job:
     """The job `job_id` if `user` may see it; JobNotFound otherwise (as if it did not exist)."""
     try:
-        job = jobs_visible_to(user).filter(pk=job_id).first()
+        job = jobs_visible_to(user, per_row=True).filter(pk=job_id).first()
     except (ValueError, TypeError, ValidationError):  # not a UUID
         job = None
     if job is None:

@@ -308,7 +308,7 @@ def _verdicts(streams: list[Stream]) -> tuple[dict[str, tuple[int, str]], dict[A
         user = users.get(stream.user.pk)
         if stream.job_pk is not None and user is not None and user.is_active and not user.is_staff:
             jobs_by_user[user.pk].add(stream.job_pk)
-    visible = {pk: set(jobs_visible_to(users[pk]).filter(pk__in=job_pks).values_list("pk", flat=True))
+    visible = {pk: set(jobs_visible_to(users[pk], per_row=True).filter(pk__in=job_pks).values_list("pk", flat=True))
                for pk, job_pks in jobs_by_user.items()}
     verdicts: dict[str, tuple[int, str]] = {}
     for stream in streams:

@@ -27,8 +27,8 @@ def register() -> None:
         waits_cancel_for_job(job=job, actor=actor, to=to)
 
     @extensions.visibility_rule("waits.may-act")
-    def may_act(user: Any) -> Any:
-        return Exists(waits_actable_by(user).filter(job_id=OuterRef("pk")))
+    def may_act(user: Any, *, per_row: bool) -> Any:
+        return Exists(waits_actable_by(user, per_row=per_row).filter(job_id=OuterRef("pk")))
 
     extensions.job_section(pages.SECTION, template="waits/_job_wait.html", order=20)(pages.combined_wait_section)
     extensions.job_admin_inline(WaitInline, order=20)

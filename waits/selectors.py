@@ -30,27 +30,27 @@ def waits_due(*, limit: int = 500) -> list[tuple[int, Any, str]]:
     )
 
 
-def waits_actable_by(user: Any) -> QuerySet[Wait]:
+def waits_actable_by(user: Any, *, per_row: bool = False) -> QuerySet[Wait]:
     """Combined waits `user` may act on (whatever their state): the rule of
     `waits.people.wait_check_can_act`, as a query (as `approvals.selectors.questions_answerable_by`
-    is for questions)."""
+    is for questions, `per_row` as there)."""
     if user is None or not user.is_authenticated or not user.is_active or not user.has_perm(ANSWER_PERMISSION):
         return Wait.objects.none()
     waits = Wait.objects.filter(person__isnull=False)
     if not user.is_superuser:
         waits = waits.filter(assigned_to_user(users=Wait.assigned_users.through, groups=Wait.assigned_groups.through,
-                                              row_field="wait_id", user=user))
+                                              row_field="wait_id", user=user, per_row=per_row))
     return waits.filter(
         Q(job__owner__isnull=True) | ~Q(job__owner=user) | Q(job__kind__in=kinds_allowing_self_approval())
     )
 
 
-def waits_visible_to(user: Any) -> QuerySet[Wait]:
+def waits_visible_to(user: Any, *, per_row: bool = False) -> QuerySet[Wait]:
     """Waits `user` may see: those of the jobs they may see (`jobs.selectors.jobs_visible_to`,
-    which counts the combined waits they may act on)."""
-    # Per wait (its job's row), not `job IN (every job they may see)`: a set PostgreSQL would build
-    # whole for each read of one wait.
-    return Wait.objects.filter(Exists(jobs_visible_to(user).filter(pk=OuterRef("job_id"))))
+    which counts the combined waits they may act on; `per_row` as there)."""
+    # Each wait's job, not `job IN (every job they may see)`: a set PostgreSQL builds whole, even
+    # for a read of one wait.
+    return Wait.objects.filter(Exists(jobs_visible_to(user, per_row=per_row).filter(pk=OuterRef("job_id"))))
 
 
 def wait_get_visible(*, user: Any, wait_id: Any) -> Wait:
@@ -59,7 +59,7 @@ def wait_get_visible(*, user: Any, wait_id: Any) -> Wait:
         pk = int(wait_id)
     except (ValueError, TypeError):
         pk = 0
-    wait = waits_visible_to(user).select_related("job").filter(pk=pk).first() if 0 < pk < 2**63 else None
+    wait = waits_visible_to(user, per_row=True).select_related("job").filter(pk=pk).first() if 0 < pk < 2**63 else None
     if wait is None:
         raise WaitNotFound(f"wait {wait_id} does not exist")
     return wait

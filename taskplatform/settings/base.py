@@ -180,7 +180,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["ENGINE"] = "dbkit.postgresql"
     # PostgreSQL compiles a statement to machine code (JIT) when its estimated cost passes
     # `jit_above_cost`: a reviewer's job list or an admin count on a large table took 480 ms of
-    # compiling for 70 ms of running (bench/README.md, "Visibility in time of one row"). Nothing
+    # compiling for 70 ms of running (bench/README.md, "A reviewer's reads at scale"). Nothing
     # the platform sends runs long enough to gain from it, so its connections turn it off (a
     # startup option, added to the URL's own `options`). DATABASE_JIT=true leaves the server's
     # setting, and sends nothing (a pooler that refuses startup options).

@@ -3,11 +3,13 @@ asks these, so the visibility rule lives in one place (the contract's "Visibilit
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
+from dbkit.kept import KeptRead
 from jobs.errors import JobNotFound
 from jobs.extensions import visibility_rules
 from jobs.models import Job, JobEvent
@@ -49,12 +51,34 @@ def job_visible_to_which(*, job_id: Any, users: list[Any]) -> set[Any]:
 def job_get_visible(*, user: Any, job_id: Any) -> Job:
     """The job `job_id` if `user` may see it; JobNotFound otherwise (as if it did not exist)."""
     try:
-        job = jobs_visible_to(user, per_row=True).filter(pk=job_id).first()
+        job = _job_visible(user, job_id)
     except (ValueError, TypeError, ValidationError):  # not a UUID
         job = None
     if job is None:
         raise JobNotFound(f"job {job_id} does not exist")
     return job
+
+
+# The reads of one job that need none of the feature apps' rules, built once per connection
+# (dbkit.kept): any job, for staff; the user's own job, for anyone else. The second is an API
+# client reading the job it submitted, the read it polls with: the rules' statement took 1.3 ms
+# of CPU to build for it (6 ms for a reviewer), its whole GET about 3.3 ms.
+_ANY_JOB = KeptRead(lambda job_id: Job.objects.filter(pk=job_id).order_by(), stand_ins=(uuid.UUID(int=0),))
+_OWN_JOB = KeptRead(lambda job_id, owner_id: Job.objects.filter(pk=job_id, owner_id=owner_id).order_by(),
+                    stand_ins=(uuid.UUID(int=0), -1))
+
+
+def _job_visible(user: Any, job_id: Any) -> Job | None:
+    """`jobs_visible_to(user).filter(pk=job_id).first()`, the cheap cases first."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return None
+    using = Job.objects.db
+    found = _ANY_JOB.rows(job_id, using=using) if user.is_staff else _OWN_JOB.rows(job_id, user.pk, using=using)
+    if found:
+        return found[0]
+    if user.is_staff:
+        return None
+    return jobs_visible_to(user, per_row=True).filter(pk=job_id).first()
 
 
 def job_events_after(*, job_id: Any, after: int = 0, limit: int = 1000) -> list[JobEvent]:

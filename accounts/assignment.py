@@ -1,5 +1,6 @@
 """"Assigned to this user": a row's many-to-many assignees (users, and groups whose members
-count), as a condition PostgreSQL checks row by row.
+count), as a condition that PostgreSQL checks row by row, for a read of one row or a few, or as it
+likes, for a list or a count over many.
 
 The plain form, `EXISTS (SELECT 1 FROM assigned_users WHERE question_id = outer.id AND
 user_id = …)`, is one PostgreSQL may rewrite as `outer.id = ANY (SELECT question_id … WHERE
@@ -11,7 +12,8 @@ and grew with every question asked (bench/README.md, "A reviewer's reads at scal
 Here each EXISTS reaches its row only through a subquery of its own (`… WHERE user_id = … AND
 group_id IN (SELECT group_id FROM assigned_groups WHERE question_id = outer.id)`). PostgreSQL
 cannot turn that into a set, so it checks each row it is asked about, through the assignment
-tables' index on the row: the same few index reads at any size.
+tables' index on the row: the same few index reads at any size. A list or a count checks every
+row anyway, and there the sets are cheaper (`per_row=False`).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def open_questions_section(
     else the reason why not. None (nothing shown) when there is no open question."""
     user = request.user
     open_questions = []
-    questions = (questions_visible_to(user).filter(job=job, status=Question.Status.OPEN)
+    questions = (questions_visible_to(user, per_row=True).filter(job=job, status=Question.Status.OPEN)
                  .select_related("job").prefetch_related("assigned_users", "assigned_groups"))
     for question in questions.order_by("created_at"):
         refusal = answer_refusal(question, user)
@@ -113,7 +113,7 @@ def question_answer_view(request: HttpRequest, job_id: Any, question_id: Any) ->
     """
     job = visible_or_404(request, job_id)
     back = safe_next(request, request.POST.get("next"), job)
-    question = (questions_visible_to(request.user).select_related("job", "answered_by")
+    question = (questions_visible_to(request.user, per_row=True).select_related("job", "answered_by")
                 .filter(job=job, pk=question_id).first())
     if question is None:
         raise Http404("no such question on this job")

@@ -37,7 +37,7 @@ def assigned_to(user: Any, *, per_row: bool = True) -> Q:
                             row_field="question_id", user=user, per_row=per_row)
 
 
-def _answerable(user: Any, *, per_row: bool = True) -> Q | None:
+def _answerable(user: Any, *, per_row: bool) -> Q | None:
     """The condition of `questions_answerable_by` on a question's own row (None: no question)."""
     if not _may_answer_at_all(user):
         return None
@@ -73,16 +73,16 @@ def questions_waiting_count(user: Any) -> int:
     return questions_waiting_for(user).count()
 
 
-def questions_visible_to(user: Any) -> QuerySet[Question]:
+def questions_visible_to(user: Any, *, per_row: bool = False) -> QuerySet[Question]:
     """Questions `user` may see: those they may answer, and those of jobs they created (all
-    for staff)."""
+    for staff). `per_row` for a read of one question or a few, as for `questions_answerable_by`."""
     if user is None or not user.is_authenticated or not user.is_active:
         return Question.objects.none()
     if user.is_staff:
         return Question.objects.all()
     # One condition on the question's own row, not `pk IN (every answerable question)`: a set
     # PostgreSQL would build whole for each read of one question.
-    answerable, theirs = _answerable(user), Q(job__owner=user)
+    answerable, theirs = _answerable(user, per_row=per_row), Q(job__owner=user)
     return Question.objects.filter(theirs if answerable is None else answerable | theirs)
 
 
@@ -97,7 +97,7 @@ def with_approvals(questions: QuerySet[Question]) -> QuerySet[Question]:
 
 
 def _visible_one(user: Any, question_id: Any) -> QuerySet[Question]:
-    return questions_visible_to(user).select_related("answered_by").filter(pk=question_id).order_by()
+    return questions_visible_to(user, per_row=True).select_related("answered_by").filter(pk=question_id).order_by()
 
 
 # `question_get_visible` runs on every answer and every question page: its statement is built once

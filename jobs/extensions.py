@@ -151,23 +151,23 @@ def transition_hooks_for(to: str, *, has_owner: bool | None) -> list[TransitionH
 
 
 # -- visibility --------------------------------------------------------------------------------
-_visibility_rules: dict[str, Callable[[Any], Any]] = {}
+_visibility_rules: dict[str, Callable[..., Any]] = {}
 
 
-def visibility_rule(name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
+def visibility_rule(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """`fn(user, per_row=…)` returns a `Q` (or boolean expression such as `Exists(...)`) over
     `Job`: the further jobs an active, signed-in, non-staff `user` may see besides their own.
     With `per_row` true the caller reads one job or a few, and the condition must be checked on
     each job's own rows (`accounts.assignment`), never through a set built over every row."""
 
-    def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         _visibility_rules[name] = fn
         return fn
 
     return register
 
 
-def visibility_rules() -> list[Callable[[Any], Any]]:
+def visibility_rules() -> list[Callable[..., Any]]:
     return list(_visibility_rules.values())
 
 

@@ -74,10 +74,8 @@ def _job_visible(user: Any, job_id: Any) -> Job | None:
         return None
     using = Job.objects.db
     found = _ANY_JOB.rows(job_id, using=using) if user.is_staff else _OWN_JOB.rows(job_id, user.pk, using=using)
-    if found:
-        return found[0]
-    if user.is_staff:
-        return None
+    if found or user.is_staff:
+        return found[0] if found else None
     return jobs_visible_to(user, per_row=True).filter(pk=job_id).first()
 
 

@@ -10,6 +10,9 @@ it creates and drops, and a Redis database it flushes. Then, one phase after ano
 
 1. **bare** — a plain Celery app (no Django; late acks, prefetch 1, the worker's concurrency),
    its worker started beside the platform, N no-op tasks until a Redis counter says all ran.
+   **peer** — Procrastinate (bench/peer_procrastinate.py), a job queue whose queue is a PostgreSQL
+   table: as many worker processes as the worker's concurrency, N no-op jobs deferred 500 to a
+   transaction, until its table says all N succeeded. The issue's peer, in the same run.
 2. **bare + SQL** — the same plain Celery app running, per job, the two statements the platform's
    worker runs for a no-op job (taken from the platform at the start of the run) on copies of its
    tables, the jobs submitted as `manage.py submit` writes them (bench/bare_durable.py): what
@@ -47,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -433,6 +437,85 @@ def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
         return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
                 "enqueue_seconds": round(enqueued, 3), "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
                 "cpu_ms_per_job": cpu_ms}
+
+
+def peer_database_url() -> str:
+    """The peer's database beside the bench's own: `<name>_peer` on the same server."""
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "_peer", parts.query, ""))
+
+
+def peer_database_drop(url: str) -> None:
+    """The end of a run: the peer's database goes."""
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(url)
+    maintenance = urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(parts.path.lstrip("/"))))
+
+
+def peer_prepare(url: str) -> None:
+    """The peer's database made afresh with Procrastinate's schema (once per run, like the floor's
+    tables: its rows stay from round to round, as the platform's do)."""
+    from bench import peer_procrastinate
+
+    database_recreate(url)
+    peer_procrastinate.schema_apply(url)
+
+
+@contextlib.contextmanager
+def peer_workers(concurrency: int, url: str) -> Iterator[subprocess.Popen]:
+    """`concurrency` Procrastinate worker processes under one parent, on the database at `url`,
+    stopped at the end."""
+    from bench import peer_procrastinate
+
+    env = {**os.environ, peer_procrastinate.DSN_ENV: url, "PYTHONPATH": str(BASE_DIR)}
+    workers = subprocess.Popen([sys.executable, "-m", "bench.peer_procrastinate", "workers", str(concurrency)],
+                               cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    try:
+        yield workers
+    finally:
+        os.killpg(workers.pid, signal.SIGTERM)
+        try:
+            workers.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(workers.pid, signal.SIGKILL)
+            workers.wait(timeout=10)
+
+
+def peer_phase(count: int, concurrency: int, url: str) -> dict[str, Any]:
+    """Procrastinate's no-op jobs (bench/peer_procrastinate.py) on the database at `url`
+    (`peer_prepare`), from the first deferral until its table says all N succeeded."""
+    import psycopg
+
+    from bench import peer_procrastinate
+
+    with psycopg.connect(url, autocommit=True) as conn, peer_workers(concurrency, url) as workers:
+        done = peer_procrastinate.succeeded(conn)
+        peer_procrastinate.submit(url, 1)
+        wait_for(lambda: peer_procrastinate.succeeded(conn) > done or workers.poll() is not None, 60,
+                 "Procrastinate's first job")
+        if workers.poll() is not None:
+            raise SystemExit(f"bench: Procrastinate's workers exited: {workers.stderr.read().decode()[-2000:]}")
+        done += 1
+        since = datetime.now(UTC)
+        budget = CpuBudget(workers.pid)
+        budget.start()
+        started = time.perf_counter()
+        ids = peer_procrastinate.submit(url, count)
+        submitted = time.perf_counter() - started
+        wait_for(lambda: peer_procrastinate.succeeded(conn) >= done + count, 600, f"{count} Procrastinate jobs",
+                 interval=0.25)
+        seconds = time.perf_counter() - started
+        cpu_ms = budget.stop(count)
+        first, last = peer_procrastinate.drain_span(conn, ids)
+        return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
+                "submit_seconds": round(submitted, 3), **drain_figures(count, since, first, last),
+                "worker_cpu_seconds_with_start": tree_cpu_seconds(workers.pid), "cpu_ms_per_job": cpu_ms,
+                "version": importlib.metadata.version("procrastinate")}
 
 
 # The two statements the bare + SQL worker runs, taken from the platform at the start of its phase.
@@ -973,7 +1056,7 @@ def platform_env(*, worker_concurrency: int, web_concurrency: int | None) -> dic
     return env
 
 
-THROUGHPUT_PHASES = {"bare", "durable", "platform"}
+THROUGHPUT_PHASES = {"bare", "peer", "durable", "platform"}
 
 
 def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurrency: int, phases: set[str],
@@ -988,6 +1071,12 @@ def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurr
         result["bare"] = bare_phase(args.count, worker_concurrency, os.environ["REDIS_URL"])
         print(f"  bare Celery   {result['bare']['per_second']:8.1f} tasks/s  (worker cpu "
               f"{result['bare']['worker_cpu_seconds_with_start']} s)", flush=True)
+    if "peer" in phases:
+        result["peer"] = peer_phase(args.count, worker_concurrency, peer_database_url())
+        peer = result["peer"]
+        print(f"  Procrastinate {peer['per_second']:8.1f} jobs/s  (its {worker_concurrency} worker processes; "
+              f"deferred in {peer['submit_seconds']} s, drained at {peer.get('drain_per_second')}/s, worker cpu "
+              f"{peer['worker_cpu_seconds_with_start']} s)", flush=True)
     if "durable" in phases:
         result["durable"] = durable_phase(args.count, worker_concurrency, os.environ["REDIS_URL"])
         durable = result["durable"]
@@ -1004,6 +1093,8 @@ def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurr
     if "bare" in result and "platform" in result:
         result["ratio"] = round(result["platform"]["per_second"] / result["bare"]["per_second"], 3)
         print(f"  ratio         {result['ratio']:8.3f}", flush=True)
+    if "bare" in result and "peer" in result:
+        result["peer_ratio"] = round(result["peer"]["per_second"] / result["bare"]["per_second"], 3)
     if "bare" in result and "durable" in result:
         result["floor_ratio"] = round(result["durable"]["per_second"] / result["bare"]["per_second"], 3)
     if "durable" in result and "platform" in result:
@@ -1016,11 +1107,11 @@ def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurr
 def round_summary(round_: dict[str, Any]) -> dict[str, Any]:
     """One round's rates, ratios and CPU per job, for the results' list of rounds."""
     summary: dict[str, Any] = {}
-    for key in ("bare", "durable", "platform"):
+    for key in ("bare", "peer", "durable", "platform"):
         if key in round_:
             summary[key] = round_[key]["per_second"]
             summary[f"{key}_cpu_ms_per_job"] = round_[key].get("cpu_ms_per_job", {}).get("total")
-    for key in ("ratio", "floor_ratio", "platform_over_floor"):
+    for key in ("ratio", "peer_ratio", "floor_ratio", "platform_over_floor"):
         if key in round_:
             summary[key] = round_[key]
     return summary
@@ -1032,6 +1123,8 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
 
     redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
     database_recreate(os.environ["DATABASE_URL"])
+    if "peer" in phases:
+        peer_prepare(peer_database_url())
     env = platform_env(worker_concurrency=worker_concurrency, web_concurrency=web_concurrency)
     os.environ["PUBLIC_URL"] = env["PUBLIC_URL"]
     shipped = Platform(env)
@@ -1100,29 +1193,40 @@ BUDGET_PARTS = {"celery_main": "the worker's main process (Celery's consumer)",
 def budget_lines(run: dict[str, Any]) -> list[str]:
     """The throughput phases' CPU per job (`CpuBudget`), part by part, as a Markdown table."""
     budgets = {name: run[key]["cpu_ms_per_job"] for key, name in
-               (("bare", "bare Celery"), ("durable", "bare + SQL"), ("platform", "platform"))
+               (("bare", "bare Celery"), ("peer", "Procrastinate"), ("durable", "bare + SQL"),
+                ("platform", "platform"))
                if "cpu_ms_per_job" in run.get(key, {})}
     if not budgets:
         return []
     lines = ["| CPU ms per job | " + " | ".join(budgets) + " |", "|---|" + "---:|" * len(budgets)]
     for part, title in BUDGET_PARTS.items():
         lines.append(f"| {title} | " + " | ".join(f"{budget[part]:.2f}" for budget in budgets.values()) + " |")
+    if "Procrastinate" in budgets:
+        lines += ["", "(Procrastinate's worker processes are its pool processes here; its main process is a parent "
+                  "that only waits for them.)"]
     return lines
 
 
+ROUND_COLUMNS = (("bare", "bare Celery /s"), ("peer", "Procrastinate /s"), ("durable", "bare + SQL /s"),
+                 ("platform", "platform /s"), ("ratio", "platform × bare"), ("peer_ratio", "Procrastinate × bare"),
+                 ("floor_ratio", "floor × bare"), ("platform_over_floor", "platform × floor"))
+ROUND_RATIOS = ("ratio", "peer_ratio", "floor_ratio", "platform_over_floor")
+
+
 def rounds_text(rounds: list[dict[str, Any]]) -> str:
-    """The throughput rounds as a Markdown table, with the medians of their ratios."""
-    lines = ["| round | bare Celery /s | bare + SQL /s | platform /s | platform × bare | floor × bare "
-             "| platform × floor | CPU ms per job: bare, floor, platform |", "|---:|---:|---:|---:|---:|---:|---:|---|"]
+    """The throughput rounds as a Markdown table (the columns that any round has), with the medians
+    of their ratios."""
+    columns = [(key, title) for key, title in ROUND_COLUMNS if any(key in each for each in rounds)]
+    cpu_keys = [key for key in ("bare", "peer", "durable", "platform") if any(key in each for each in rounds)]
+    lines = ["| round | " + " | ".join(title for _, title in columns) + " | CPU ms per job: "
+             + ", ".join(dict(ROUND_COLUMNS)[key].removesuffix(" /s") for key in cpu_keys) + " |",
+             "|---:|" + "---:|" * len(columns) + "---|"]
     for index, each in enumerate(rounds, 1):
-        cpu = ", ".join(str(each.get(f"{key}_cpu_ms_per_job", "—")) for key in ("bare", "durable", "platform"))
-        lines.append(f"| {index} | {each.get('bare', '—')} | {each.get('durable', '—')} | {each.get('platform', '—')} "
-                     f"| {each.get('ratio', '—')} | {each.get('floor_ratio', '—')} "
-                     f"| {each.get('platform_over_floor', '—')} | {cpu} |")
-    medians = {key: statistics.median(each[key] for each in rounds)
-               for key in ("ratio", "floor_ratio", "platform_over_floor") if all(key in each for each in rounds)}
-    lines.append("| median | | | | " + " | ".join(str(round(medians[key], 3)) if key in medians else "—"
-                                              for key in ("ratio", "floor_ratio", "platform_over_floor")) + " | |")
+        cpu = ", ".join(str(each.get(f"{key}_cpu_ms_per_job", "—")) for key in cpu_keys)
+        lines.append(f"| {index} | " + " | ".join(str(each.get(key, "—")) for key, _ in columns) + f" | {cpu} |")
+    medians = [str(round(statistics.median(each[key] for each in rounds), 3))
+               if key in ROUND_RATIOS and all(key in each for each in rounds) else "" for key, _ in columns]
+    lines.append("| median |" + "".join(f" {median} |" if median else " |" for median in medians) + " |")
     return "\n".join(lines)
 
 
@@ -1138,6 +1242,13 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| no-op jobs end to end ({first['platform']['count']}) | bare Celery "
                      f"{first['bare']['per_second']}/s | {first['platform']['per_second']}/s = "
                      f"**{first['ratio']}×** | ≥ {AIMS['ratio']}× |")
+    if "peer" in first:
+        peer, bare = first["peer"], first.get("bare", {}).get("per_second")
+        share = f" = {round(peer['per_second'] / bare, 3)}× bare Celery" if bare else ""
+        platform = first.get("platform", {}).get("per_second")
+        ours = f"{platform}/s = {round(platform / peer['per_second'], 3)}× of it" if platform else "—"
+        lines.append(f"| the peer: Procrastinate {peer['version']}, {first['worker_concurrency']} worker processes, "
+                     f"no broker ({peer['count']}) | {peer['per_second']}/s{share} | {ours} | ahead of its ratio |")
     if "durable" in first:
         durable, bare = first["durable"]["per_second"], first.get("bare", {}).get("per_second")
         share = f" = {round(durable / bare, 3)}× bare Celery" if bare else ""
@@ -1191,7 +1302,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--resumes", type=int, default=100, help="jobs answered, and jobs woken, one at a time")
     parser.add_argument("--concurrency", type=int, default=2, help="WORKER_CONCURRENCY of the main run")
-    parser.add_argument("--phases", default="bare,durable,platform,api,api-floor,answer,wake,handoff")
+    parser.add_argument("--phases", default="bare,peer,durable,platform,api,api-floor,answer,wake,handoff")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the throughput phases this many times, interleaved; the round with the median "
                              "ratio stands for the run, and every round is listed")
@@ -1229,12 +1340,14 @@ def main() -> int:
         for workers in (1, 2, 4):
             print(f"scale: {workers} worker processes", flush=True)
             runs.append(run_configuration(args, worker_concurrency=workers, web_concurrency=None,
-                                          phases={"bare", "durable", "platform"}))
+                                          phases={"bare", "peer", "durable", "platform"}))
         for web in (1, 2, 4):
             print(f"scale: {web} web processes", flush=True)
             runs.append(run_configuration(args, worker_concurrency=args.concurrency, web_concurrency=web,
                                           phases={"api"}))
     durable_tables_drop()
+    if "peer" in phases:
+        peer_database_drop(peer_database_url())
     result = {**run_header(), "clients": args.clients, "count": args.count, "runs": runs,
               "venv": "make run's (requirements.lock, requirements-run.txt)" if args.venv == "run" else str(VENV_BIN)}
     text = markdown(result)

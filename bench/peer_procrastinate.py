@@ -22,6 +22,7 @@ and triggers in a database of their own, never the platform's.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -36,6 +37,11 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 QUEUE = "peer"
 # The peer's database, set by the bench for its workers (a libpq connection string or URL).
 DSN_ENV = "BENCH_PEER_DSN"
+
+# The tables its jobs go through (the bench vacuums them before each round, as it does the others').
+TABLES = ("procrastinate_jobs", "procrastinate_events")
+# The bench's process defers the jobs: one line per batch at INFO is noise in the bench's output.
+logging.getLogger("procrastinate").setLevel(logging.WARNING)
 
 app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=os.environ.get(DSN_ENV, "")))
 

@@ -26,6 +26,33 @@ import gc
 WEB_THRESHOLDS = (20_000, 20, 20)
 
 
+# While a process loads (its imports, Django's apps made ready) nearly every object it makes lives
+# as long as the process, so a collection then walks them and frees next to nothing: at Python's
+# default thresholds `django.setup()` ran some 260 young, 24 middle and 2 full collections, about
+# 0.09 s of its 0.7 s of CPU, and freed 3,900 of 197,000 objects. So the collector is off from the
+# platform's first import (`loading`) until Django's apps are ready (`loaded`, from the last
+# installed app: taskplatform.apps), and what is alive then is frozen uncollected: those few
+# thousand objects stay for the process's life, as the Python documentation's advice for a process
+# that forks (gc.freeze) accepts. Every collection after that skips what was loaded.
+_loading: dict[str, bool] = {}  # "collecting": the collector's state before `loading`; "done": `loaded` ran
+
+
+def loading() -> None:
+    """No collection until `loaded` (once per process: later calls change nothing)."""
+    if not _loading:
+        _loading["collecting"] = gc.isenabled()
+        gc.disable()
+
+
+def loaded() -> None:
+    """What the process loaded out of later collections, and the collector as it was before `loading`."""
+    if _loading and not _loading.get("done"):
+        _loading["done"] = True
+        gc.freeze()
+        if _loading["collecting"]:
+            gc.enable()
+
+
 def freeze_startup_objects() -> None:
     """Collect what is garbage already, then keep every object alive now out of later collections."""
     gc.collect()

@@ -27,6 +27,32 @@ def test_the_web_process_freezes_what_it_loaded_and_collects_less_often():
     assert tuple(thresholds) == WEB_THRESHOLDS
 
 
+def _run(code: str, *args: str) -> str:
+    return subprocess.run([sys.executable, *args] if args else [sys.executable, "-c", code], cwd=BASE_DIR,
+                          capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "PYTHONPATH": str(BASE_DIR)}).stdout.strip().splitlines()[-1]
+
+
+def test_a_process_loads_without_collecting_then_collects_once_its_apps_are_ready():
+    """Loading makes objects that live as long as the process: no collection walks them meanwhile,
+    and once the apps are ready they are frozen and the collector is on (taskplatform/heap.py)."""
+    code = ("import gc, json\n"
+            "passes = []\n"
+            "gc.callbacks.append(lambda phase, info: phase == 'start' and passes.append(info['generation']))\n"
+            "import django\n"
+            "django.setup()\n"
+            "print(json.dumps([passes.count(2), gc.isenabled(), gc.get_freeze_count()]))")
+    full_passes, collecting, frozen = json.loads(_run(code))
+    assert full_passes == 0  # at Python's defaults, two full passes over everything loaded
+    assert collecting is True
+    assert frozen > 50_000
+
+
+def test_a_management_command_runs_with_the_collector_on_and_what_it_loaded_frozen():
+    out = _run("", "manage.py", "shell", "-c", "import gc; print(gc.isenabled(), gc.get_freeze_count() > 50_000)")
+    assert out == "True True"
+
+
 def test_a_worker_freezes_its_objects_before_it_forks_a_pool_process():
     from celery import signals
 
@@ -72,4 +98,5 @@ def test_a_job_runs_in_a_pool_process_with_a_frozen_heap_and_the_short_switch_in
                message=f"job {job.pk} did not complete")
     state = Job.objects.get(pk=job.pk).result
     assert state["frozen"] > 50_000
+    assert state["collecting"] is True
     assert state["switch_interval"] == POOL_SWITCH_INTERVAL

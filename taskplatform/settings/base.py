@@ -74,6 +74,8 @@ INSTALLED_APPS = [
     "waits",
     "demo",
     "ops",
+    # Last: its ready() marks the end of the process's loading (taskplatform/apps.py).
+    "taskplatform",
 ]
 
 MIDDLEWARE = [

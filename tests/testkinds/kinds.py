@@ -406,4 +406,4 @@ def process_state(ctx, input):
     import gc
     import sys
 
-    return {"frozen": gc.get_freeze_count(), "switch_interval": sys.getswitchinterval()}
+    return {"frozen": gc.get_freeze_count(), "collecting": gc.isenabled(), "switch_interval": sys.getswitchinterval()}

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import BooleanField, Count, ExpressionWrapper, Q, QuerySet
+from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, QuerySet
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
@@ -25,7 +25,7 @@ from approvals.errors import (
 from approvals.models import Decision, Question
 from approvals.policies import policy_describe
 from approvals.schemas import QuestionType
-from approvals.selectors import ANSWER_PERMISSION, assigned_to, kinds_allowing_self_approval
+from approvals.selectors import ANSWER_PERMISSION, assigned_to, kinds_allowing_self_approval, with_approvals
 from approvals.services.ledger import decision_record
 from dbkit.kept import KeptRead
 from jobs.clock import database_now, db_now
@@ -121,7 +121,7 @@ def question_answer(
         if checks_assignment:
             found = _LOCKED_WITH_ASSIGNMENT.rows(question_id, user.pk, using=Question.objects.db)
         else:
-            found = _LOCKED.rows(question_id, using=Question.objects.db)
+            found = _LOCKED.rows(question_id, getattr(user, "pk", None) or 0, using=Question.objects.db)
         question = found[0] if found else None
         if question is None:
             raise QuestionNotFound(f"question {question_id} does not exist")
@@ -142,36 +142,29 @@ def question_answer(
     return question
 
 
-def _locked(question_id: Any) -> QuerySet[Question]:
+def _locked(question_id: Any, user_id: Any) -> QuerySet[Question]:
     # Not select_related("answered_by"): when this waits for another answer's lock, PostgreSQL
     # re-reads the locked row but not the joined user, which would still be "nobody".
-    return Question.objects.select_for_update(of=("self",)).select_related("job").filter(pk=question_id).order_by()
+    # With the round's approvals so far and whether one of them is `user_id`'s, for a quorum's
+    # vote: read after the job's lock, which every answer takes first and holds until its commit,
+    # so no earlier vote is missed (the statement's snapshot is taken once that lock is held).
+    theirs = Decision.objects.filter(question_id=OuterRef("pk"), round=OuterRef("round"),
+                                     kind=Decision.Kind.APPROVED, actor_id=user_id)
+    locked = Question.objects.select_for_update(of=("self",)).select_related("job").filter(pk=question_id)
+    return with_approvals(locked.order_by()).annotate(answerer_approved=Exists(theirs))
 
 
 def _locked_with_assignment(question_id: Any, user_id: Any) -> QuerySet[Question]:
     # Whether it is assigned to the user is read with it, under the lock: one query.
-    return _locked(question_id).annotate(answerer_assigned=ExpressionWrapper(
+    return _locked(question_id, user_id).annotate(answerer_assigned=ExpressionWrapper(
         assigned_to(get_user_model()(pk=user_id)), output_field=BooleanField()))
 
 
 # The answer's read of its question under the lock, built once per connection (dbkit.kept): its
-# ORM building was a quarter of the answer's own CPU. The stand-ins are no question's and no user's.
-_LOCKED = KeptRead(_locked, stand_ins=(uuid.UUID(int=0),))
+# ORM building was a quarter of the answer's own CPU. The stand-ins are no question's and no user's
+# (a user's id appears in more than one place: each gets the read's own value).
+_LOCKED = KeptRead(_locked, stand_ins=(uuid.UUID(int=0), -1))
 _LOCKED_WITH_ASSIGNMENT = KeptRead(_locked_with_assignment, stand_ins=(uuid.UUID(int=0), -1))
-
-
-def _votes(question_id: Any, round: int, user_id: Any) -> QuerySet:
-    """The round's approvals so far and how many of them are the user's, as one row (none when
-    there are no approvals yet)."""
-    approvals = Decision.objects.filter(question_id=question_id, round=round, kind=Decision.Kind.APPROVED)
-    return approvals.order_by().values("question_id").annotate(
-        approvals=Count("pk"), mine=Count("pk", filter=Q(actor_id=user_id))).values_list("approvals", "mine")
-
-
-# Built once per connection (dbkit.kept). Each stand-in only has to be a value its field takes (a
-# round is never negative: Django drops an impossible condition before any SQL) and differ from
-# the statement's other parameters.
-_VOTES = KeptRead(_votes, stand_ins=(uuid.UUID(int=0), 2**31 - 1, -1))
 
 
 def _refuse_if_past_deadline(question: Question, record: dict[str, Any]) -> QuestionExpired | None:
@@ -201,10 +194,10 @@ def _decide(question: Question, *, user: Any, answer: Any, comment: str, channel
     elif not answer.get("approved"):
         decision = decision_record(kind=Decision.Kind.REJECTED, **record)
     else:
-        # The round's approvals so far and whether this user's is among them: one query.
-        counted = _VOTES.rows(question.pk, question.round, user.pk, using=Decision.objects.db)
-        so_far, mine = counted[0] if counted else (0, 0)
-        if mine:
+        # The round's approvals so far and whether this user's is among them, read with the
+        # question under the lock (`_locked`).
+        so_far = question.approvals_in_round
+        if question.answerer_approved:
             raise AlreadyVoted(
                 f"{user.get_username()!r} already approved this question; it needs "
                 f"{question.required_approvals - so_far} more approval(s) from other reviewers"

@@ -42,10 +42,13 @@ def test_an_answer_through_the_api_takes_no_savepoint_beyond_the_requests_own(mo
     assert not any(sql.startswith('SELECT 1 AS "a" FROM "approvals_question"') for sql in statements), statements
     assert "SELECT statement_timestamp()" not in statements, statements
     assert sum('FROM "approvals_decision"' in sql and "COUNT" in sql for sql in statements) == 1, statements
-    # 13 (the response counts no votes: the answer just did; it reads the assignees, users and
+    # ...and read with the question under the lock, not in a statement of its own.
+    assert any(sql.startswith('SELECT "approvals_question"') and sql.endswith("FOR UPDATE OF \"approvals_question\"")
+               and "COUNT" in sql for sql in statements), statements
+    # 12 (the response counts no votes: the answer just did; it reads the assignees, users and
     # groups, in one statement), and one more when the token's `last_used_at` is due for its
     # (throttled) update.
-    assert len(statements) <= 14, "\n".join(sql[:120] for sql in statements)
+    assert len(statements) <= 13, "\n".join(sql[:120] for sql in statements)
     assert response.json()["approvals"] == 1
     job.refresh_from_db()
     assert job.status == "pending"

@@ -1299,11 +1299,12 @@ def markdown(result: dict[str, Any]) -> str:
     if "rounds" in first:
         lines += ["", rounds_text(first["rounds"])]
     if len(result["runs"]) > 1:
-        lines += ["", "| worker processes | web processes | bare Celery /s | bare + SQL /s | platform jobs/s | ratio "
-                  "| API req/s | API p99 ms |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| worker processes | web processes | bare Celery /s | Procrastinate /s | bare + SQL /s "
+                  "| platform jobs/s | ratio | API req/s | API p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
         for run in result["runs"]:
             lines.append(f"| {run['worker_concurrency']} | {run['web_concurrency'] or 'default'} | "
                          f"{run.get('bare', {}).get('per_second', '—')} | "
+                         f"{run.get('peer', {}).get('per_second', '—')} | "
                          f"{run.get('durable', {}).get('per_second', '—')} | "
                          f"{run.get('platform', {}).get('per_second', '—')} | {run.get('ratio', '—')} | "
                          f"{run.get('api', {}).get('per_second', '—')} | {run.get('api', {}).get('p99', '—')} |")

@@ -455,17 +455,6 @@ def peer_database_url() -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "_peer", parts.query, ""))
 
 
-def peer_database_drop(url: str) -> None:
-    """The end of a run: the peer's database goes."""
-    import psycopg
-    from psycopg import sql
-
-    parts = urlsplit(url)
-    maintenance = urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
-    with psycopg.connect(maintenance, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(parts.path.lstrip("/"))))
-
-
 def peer_prepare(url: str, *, warm_jobs: int = 0, concurrency: int = 1) -> None:
     """The peer's database made afresh with Procrastinate's schema (once per run, like the floor's
     tables: its rows stay from round to round, as the platform's do), then `warm_jobs` jobs run
@@ -1055,15 +1044,32 @@ def wake_phase(shipped: Platform, watcher: str, jobs: int) -> dict[str, Any]:
 # --- One configuration --------------------------------------------------------------------------------
 
 
-def database_recreate(url: str) -> None:
+def _maintenance(url: str) -> tuple[Any, str]:
+    """A connection to the server of `url` (its `postgres` database, autocommit) and `url`'s
+    database name."""
     import psycopg
-    from psycopg import sql
 
     parts = urlsplit(url)
-    name = parts.path.lstrip("/")
     maintenance = urlunsplit(("postgresql", parts.netloc, "/postgres", parts.query, ""))
-    with psycopg.connect(maintenance, autocommit=True) as conn:
+    return psycopg.connect(maintenance, autocommit=True), parts.path.lstrip("/")
+
+
+def database_drop(url: str) -> None:
+    """The database of `url` dropped, its connections closed."""
+    from psycopg import sql
+
+    conn, name = _maintenance(url)
+    with conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def database_recreate(url: str) -> None:
+    """The database of `url` dropped and made again, empty."""
+    from psycopg import sql
+
+    database_drop(url)
+    conn, name = _maintenance(url)
+    with conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
@@ -1077,7 +1083,9 @@ def platform_env(*, worker_concurrency: int, web_concurrency: int | None) -> dic
     return env
 
 
-THROUGHPUT_PHASES = {"bare", "peer", "durable", "platform"}
+# The throughput phases, in the order each round runs them and the tables list them.
+THROUGHPUT_ORDER = ("bare", "peer", "durable", "platform")
+THROUGHPUT_PHASES = set(THROUGHPUT_ORDER)
 
 
 def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurrency: int, phases: set[str],
@@ -1128,7 +1136,7 @@ def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurr
 def round_summary(round_: dict[str, Any]) -> dict[str, Any]:
     """One round's rates, ratios and CPU per job, for the results' list of rounds."""
     summary: dict[str, Any] = {}
-    for key in ("bare", "peer", "durable", "platform"):
+    for key in THROUGHPUT_ORDER:
         if key in round_:
             summary[key] = round_[key]["per_second"]
             summary[f"{key}_cpu_ms_per_job"] = round_[key].get("cpu_ms_per_job", {}).get("total")
@@ -1238,7 +1246,7 @@ def rounds_text(rounds: list[dict[str, Any]]) -> str:
     """The throughput rounds as a Markdown table (the columns that any round has), with the medians
     of their ratios."""
     columns = [(key, title) for key, title in ROUND_COLUMNS if any(key in each for each in rounds)]
-    cpu_keys = [key for key in ("bare", "peer", "durable", "platform") if any(key in each for each in rounds)]
+    cpu_keys = [key for key in THROUGHPUT_ORDER if any(key in each for each in rounds)]
     lines = ["| round | " + " | ".join(title for _, title in columns) + " | CPU ms per job: "
              + ", ".join(dict(ROUND_COLUMNS)[key].removesuffix(" /s") for key in cpu_keys) + " |",
              "|---:|" + "---:|" * len(columns) + "---|"]
@@ -1362,14 +1370,14 @@ def main() -> int:
         for workers in (1, 2, 4):
             print(f"scale: {workers} worker processes", flush=True)
             runs.append(run_configuration(args, worker_concurrency=workers, web_concurrency=None,
-                                          phases={"bare", "peer", "durable", "platform"}))
+                                          phases=THROUGHPUT_PHASES))
         for web in (1, 2, 4):
             print(f"scale: {web} web processes", flush=True)
             runs.append(run_configuration(args, worker_concurrency=args.concurrency, web_concurrency=web,
                                           phases={"api"}))
     durable_tables_drop()
     if "peer" in phases:
-        peer_database_drop(peer_database_url())
+        database_drop(peer_database_url())
     result = {**run_header(), "clients": args.clients, "count": args.count, "runs": runs,
               "venv": "make run's (requirements.lock, requirements-run.txt)" if args.venv == "run" else str(VENV_BIN)}
     text = markdown(result)

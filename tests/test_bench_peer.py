@@ -17,13 +17,13 @@ pytestmark = pytest.mark.skipif(not DSN.startswith("postgres"), reason="Procrast
 
 @pytest.fixture
 def peer_url():
-    from bench.shipped import peer_database_drop, peer_prepare
+    from bench.shipped import database_drop, peer_prepare
 
     parts = urlsplit(DSN)
     url = urlunsplit((parts.scheme, parts.netloc, f"/taskplatform_peer_test_{os.getpid()}", parts.query, ""))
     peer_prepare(url)
     yield url
-    peer_database_drop(url)
+    database_drop(url)
     with psycopg.connect(urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, ""))) as conn:
         name = urlsplit(url).path.lstrip("/")
         assert conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None

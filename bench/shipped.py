@@ -1147,7 +1147,7 @@ def tables_warm(args: argparse.Namespace, shipped: Platform, worker_concurrency:
     and planned on the growing table). The second round's `VACUUM ANALYZE` saw thousands of rows
     and the plans were made again: the platform's first round was its slowest in every run of
     2026-12-04 (337.0 against 385.5 and 426.0 jobs a second at 00:27 UTC)."""
-    if not phases & THROUGHPUT_PHASES or args.rounds < 1:
+    if not phases & THROUGHPUT_PHASES or args.rounds < 1 or args.cold:
         return
     if "durable" in phases:
         durable_phase(args.count, worker_concurrency, os.environ["REDIS_URL"])
@@ -1360,6 +1360,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the throughput phases this many times, interleaved; the round with the median "
                              "ratio stands for the run, and every round is listed")
+    parser.add_argument("--cold", action="store_true",
+                        help="no untimed pass before the first round: the first round runs on tables as a new "
+                             "installation has them")
     parser.add_argument("--scale", action="store_true",
                         help="also throughput at 1, 2, 4 worker processes and the API at 1, 2, 4 web processes")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",

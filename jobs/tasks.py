@@ -21,6 +21,7 @@ from jobs.services import (
     job_run_died,
     jobs_recover_expired_leases,
     jobs_redispatch_stale,
+    jobs_statistics_refresh,
     jobs_terminate_cancelled_runs,
 )
 
@@ -92,12 +93,14 @@ def job_run(self, job_id: str) -> str:
 @shared_task(name="jobs.reconcile", base=PeriodicPassTask, ignore_result=True)
 def jobs_reconcile() -> dict[str, int]:
     """Run by beat: re-send the messages of pending jobs that never reached a worker, take back
-    the jobs of dead workers (expired leases), terminate cancelled runs past their grace."""
+    the jobs of dead workers (expired leases), terminate cancelled runs past their grace, and
+    take the job tables' statistics again while they are young and growing."""
     try:
         return {
             "redispatched": jobs_redispatch_stale(grace=settings.JOBS_DISPATCH_GRACE),
             "recovered": jobs_recover_expired_leases(),
             "terminated": jobs_terminate_cancelled_runs(grace=settings.JOBS_CANCEL_GRACE),
+            "analysed": len(jobs_statistics_refresh()),
         }
     except (OperationalError, InterfaceError) as exc:
         # The database restarting: nothing to do until it answers; the next pass catches up.

@@ -5,7 +5,8 @@
 - `moves`: the named moves built on it: claim, hand back, complete, fail or retry, suspend,
   resume, wake, cancel, retry by hand
 - `submitting`: submit one job (idempotency keys) or many in one transaction
-- `reconciling`: beat's passes: lost dispatches, expired leases, cancelled runs past their grace
+- `reconciling`: beat's passes: lost dispatches, expired leases, cancelled runs past their grace,
+  the tables' statistics while they grow
 """
 
 from jobs.services.moves import (
@@ -28,6 +29,7 @@ from jobs.services.reconciling import (
     job_run_died,
     jobs_recover_expired_leases,
     jobs_redispatch_stale,
+    jobs_statistics_refresh,
     jobs_terminate_cancelled_runs,
 )
 from jobs.services.submitting import attempt_budget, job_submit, jobs_submit_many, request_digest
@@ -52,6 +54,7 @@ __all__ = [
     "job_wake",
     "jobs_recover_expired_leases",
     "jobs_redispatch_stale",
+    "jobs_statistics_refresh",
     "jobs_submit_many",
     "jobs_terminate_cancelled_runs",
     "request_digest",

@@ -1,5 +1,6 @@
 """The reconciler's passes, run by beat (`jobs.reconcile`): re-send lost dispatches, take back
-the jobs of dead workers, terminate cancelled runs that ignore their cancellation."""
+the jobs of dead workers, terminate cancelled runs that ignore their cancellation, take the job
+tables' statistics again while they are young and growing."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from celery import current_app
 from django.conf import settings
 from django.db.models import Q
 
+from dbkit.statistics import tables_analyze_if_grown
 from jobs.broker import broker_lost_its_data, dispatch_marked, dispatch_stranded, job_messages
 from jobs.clock import db_now, db_now_plus
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
-from jobs.models import Job
+from jobs.models import Job, JobEvent
 from jobs.services import transitions
 from jobs.services.transitions import job_transition
 
@@ -203,3 +205,11 @@ def jobs_terminate_cancelled_runs(*, grace: float, limit: int = 100) -> int:
         logger.warning("terminated %d cancelled run(s) past their grace", revoked)
     return revoked
 
+
+def jobs_statistics_refresh(*, rows_added: int = 0) -> list[str]:
+    """`ANALYZE` the jobs' and the events' tables if they have outgrown their statistics
+    (`dbkit.statistics`): then every connection plans its kept statements again, made while the
+    tables were small (a sequential scan kept by each event's foreign-key check). Run by each
+    reconciler pass (jobs submitted one by one, through the API) and by a batch submit after
+    its commit (`rows_added`: the jobs it added). Returns the tables analysed."""
+    return tables_analyze_if_grown([Job._meta.db_table, JobEvent._meta.db_table], rows_added=rows_added)

@@ -16,6 +16,7 @@ from jobs.events import job_create_with_first_event, jobs_create_with_first_even
 from jobs.models import Job
 from jobs.registry import kind_get
 from jobs.services import transitions
+from jobs.services.reconciling import jobs_statistics_refresh
 
 Status = Job.Status
 logger = logging.getLogger(__name__)
@@ -93,6 +94,9 @@ def jobs_submit_many(*, kind: str, inputs: list[dict[str, Any]], owner: Any = No
                 for value in inputs]
         jobs_create_with_first_events(jobs)
         transitions.jobs_dispatch_after_commit(jobs)  # their messages go out together after the commit
+    # A batch into young tables: their statistics taken again now, before the workers run these
+    # jobs on plans made for a table of a few rows (jobs.services.reconciling).
+    jobs_statistics_refresh(rows_added=len(jobs))
     return jobs
 
 

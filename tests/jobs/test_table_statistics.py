@@ -1,0 +1,138 @@
+"""A connection that planned its foreign-key checks while the jobs table held a row keeps a
+sequential scan after the table has grown, until the table's statistics change
+(`dbkit.statistics`, `jobs.services.reconciling.jobs_statistics_refresh`).
+
+The test is that situation as a new installation meets it: a job or two run, a connection of
+their own (a pool process's) has written their events, then thousands of jobs come. Each event
+that connection writes then checks its job with a scan of the whole table, until the statistics
+are taken again: by the reconciler's pass, or by the batch submit itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import psycopg
+import pytest
+from django.db import connection
+
+from dbkit import statistics
+from jobs.events import jobs_create_with_first_events
+from jobs.models import Job
+from jobs.services import jobs_statistics_refresh, jobs_submit_many
+
+pytestmark = [
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's plans and statistics"),
+    pytest.mark.django_db(transaction=True),
+]
+
+GROWN = 2000  # jobs added after the worker's connection planned
+CHECKED = 100  # events written (and so jobs checked) by it after that
+
+
+def _dsn() -> str:
+    settings = connection.settings_dict
+    return psycopg.conninfo.make_conninfo(
+        dbname=settings["NAME"], user=settings["USER"] or None, password=settings["PASSWORD"] or None,
+        host=settings["HOST"] or None, port=settings["PORT"] or None)
+
+
+@pytest.fixture
+def no_autovacuum():
+    """Autovacuum may analyse the tables at any moment of its minute: not during this test."""
+    with connection.cursor() as cursor:
+        for table in ("jobs_job", "jobs_jobevent"):
+            cursor.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            for table in ("jobs_job", "jobs_jobevent"):
+                cursor.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+
+
+@pytest.fixture
+def worker(monkeypatch, no_autovacuum):
+    """A connection of its own, as a pool process's, that wrote events while one job existed:
+    its foreign-key check's plan is then made (and kept) for a table of one row."""
+    monkeypatch.setattr("jobs.services.transitions.jobs_dispatch", lambda jobs: None)
+    (first,) = jobs_submit_many(kind="demo.noop", inputs=[{}])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")  # a table analysed while it held one row (or autovacuum's)
+    with contextlib.closing(psycopg.connect(_dsn(), autocommit=True)) as conn:
+        for seq in range(2, 12):  # more than the five custom plans before a generic one is kept
+            _event(conn, first.pk, seq)
+        yield conn
+
+
+def _event(conn, job_id, seq: int) -> None:
+    conn.execute("INSERT INTO jobs_jobevent (job_id, seq, type, step, status, message, created_at) "
+                 "VALUES (%s, %s, 'log', '', '', '{}', now())", [job_id, seq])
+
+
+def _scans_of_checks(conn, job_ids: list) -> tuple[int, int]:
+    """(sequential, index) scans of jobs_job while `conn` writes an event for each of `job_ids`,
+    their foreign keys checked at once. Read from the counters this connection has not sent yet
+    (`pg_stat_xact_user_tables`), before and after, in one transaction."""
+    counters = "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relname = 'jobs_job'"
+    with conn.transaction():
+        conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        before = conn.execute(counters).fetchone()
+        for job_id in job_ids:
+            _event(conn, job_id, 100)
+        after = conn.execute(counters).fetchone()
+    return after[0] - before[0], after[1] - before[1]
+
+
+def _grow_without_statistics(count: int) -> list:
+    """`count` pending jobs written as the batch submit writes them, minus its statistics."""
+    jobs = [Job(kind="demo.noop", input={}, max_attempts=1, event_seq=1) for _ in range(count)]
+    jobs_create_with_first_events(jobs)
+    with connection.cursor() as cursor:
+        # The activity counters the reconciler reads, as the writers' connections send them within
+        # a second of going idle; here at once.
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    return [job.pk for job in jobs]
+
+
+def test_a_plan_made_on_a_tiny_table_scans_it_until_the_reconciler_takes_its_statistics(worker):
+    grown = _grow_without_statistics(GROWN)
+
+    sequential, _ = _scans_of_checks(worker, grown[:CHECKED])
+    assert sequential >= CHECKED  # the situation: each check reads the whole table
+
+    assert "jobs_job" in jobs_statistics_refresh()  # the reconciler's pass
+
+    sequential, by_index = _scans_of_checks(worker, grown[CHECKED:2 * CHECKED])
+    assert (sequential, by_index) == (0, CHECKED)
+    assert jobs_statistics_refresh() == []  # taken: nothing more until the table grows fourfold
+
+
+def test_a_batch_submit_into_a_young_table_takes_its_statistics(worker):
+    grown = [job.pk for job in jobs_submit_many(kind="demo.noop", inputs=[{}] * GROWN)]
+
+    sequential, by_index = _scans_of_checks(worker, grown[:CHECKED])
+    assert (sequential, by_index) == (0, CHECKED)
+
+
+def test_small_tables_and_tables_in_step_with_their_statistics_are_left_alone(no_autovacuum):
+    assert jobs_statistics_refresh() == []  # empty
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+    assert jobs_statistics_refresh(rows_added=statistics.MINIMUM_ROWS - 1) == []
+    assert set(jobs_statistics_refresh(rows_added=statistics.MINIMUM_ROWS)) == {"jobs_job", "jobs_jobevent"}
+
+
+def test_inside_a_transaction_nothing_is_analysed():
+    from django.db import transaction
+
+    with transaction.atomic():
+        assert statistics.tables_analyze_if_grown(["jobs_job"], rows_added=10 * statistics.MINIMUM_ROWS) == []
+
+
+@pytest.mark.parametrize(("counted", "live", "outgrown"), [
+    (-1, 499, False), (-1, 500, True), (0, 500, True), (200, 800, False), (200, 801, True),
+    (10_000, 39_999, False), (10_000, 40_001, True),
+])
+def test_outgrown_from_500_rows_at_four_times_the_statistics(counted, live, outgrown):
+    assert statistics._outgrown(counted=counted, live=live) is outgrown

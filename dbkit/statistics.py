@@ -13,9 +13,10 @@ whole table: a fresh installation that runs a few jobs and then a burst of thous
 `tables_analyze_if_grown` takes the statistics again (`ANALYZE`) of each table that now holds
 `GROWTH` times the rows its statistics say, from `MINIMUM_ROWS` up: new statistics make every
 connection plan its kept statements again at their next use. A table in steady state never
-qualifies (autovacuum keeps its statistics within a tenth); a young one does a few times
-(at 500 rows, then each time it has grown fourfold), a few milliseconds each, as PostgreSQL's documentation advises
-after loading a large amount of data (https://www.postgresql.org/docs/current/populate.html).
+qualifies (autovacuum keeps its statistics within a tenth); a young one does a few times (at 500
+rows, then each time it has grown fourfold), a few milliseconds each, as PostgreSQL's
+documentation advises after loading a large amount of data
+(https://www.postgresql.org/docs/current/populate.html).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def tables_analyze_if_grown(tables: Iterable[str], *, rows_added: int = 0, using
         return []
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT c.relname, c.reltuples, COALESCE(s.n_live_tup, 0) FROM pg_class c "
-            "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
+            # pg_stat_user_tables.n_live_tup, without the view's other columns and joins.
+            "SELECT c.relname, c.reltuples, pg_stat_get_live_tuples(c.oid) FROM pg_class c "
             "WHERE c.oid = ANY(ARRAY(SELECT to_regclass(t) FROM unnest(%s::text[]) AS t))",
             [[connection.ops.quote_name(table) for table in tables]],
         )

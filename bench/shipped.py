@@ -1143,7 +1143,7 @@ def tables_warm(args: argparse.Namespace, shipped: Platform, worker_concurrency:
     once a run) made it while the jobs table held a row or two: a sequential scan. The phase's
     `VACUUM ANALYZE` found the same one row and page, so nothing told the connections to plan
     again, and the round's 9,003 checks read 15.3 million rows, 0.040 ms each against the floor's
-    0.003 (pg_stat_statements, 2026-12-05 01:45 UTC; the floor's worker starts afresh each round
+    0.003 (pg_stat_statements, 2026-12-05 01:31 UTC; the floor's worker starts afresh each round
     and planned on the growing table). The second round's `VACUUM ANALYZE` saw thousands of rows
     and the plans were made again: the platform's first round was its slowest in every run of
     2026-12-04 (337.0 against 385.5 and 426.0 jobs a second at 00:27 UTC)."""

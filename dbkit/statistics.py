@@ -41,17 +41,19 @@ def tables_analyze_if_grown(tables: Iterable[str], *, rows_added: int = 0, using
 
     One read of the tables' statistics when none has grown. PostgreSQL only, and outside a
     transaction (`ANALYZE` would hold its lock until the caller's commit): otherwise nothing is
-    done. A table being vacuumed or analysed at the moment is skipped (`SKIP_LOCKED`), and one
-    this role does not own is skipped by PostgreSQL with a warning."""
+    done. A table being vacuumed or analysed at the moment is skipped (`SKIP_LOCKED`), and so is
+    one this role does not own (PostgreSQL would refuse it with a warning, at every pass)."""
     connection = connections[using]
     tables = list(tables)
     if connection.vendor != "postgresql" or connection.in_atomic_block or not tables:
         return []
     with connection.cursor() as cursor:
         cursor.execute(
-            # pg_stat_user_tables.n_live_tup, without the view's other columns and joins.
+            # pg_stat_user_tables.n_live_tup, without the view's other columns and joins; only the
+            # tables this role may analyse (it owns them, or is a member of their owner's role).
             "SELECT c.relname, c.reltuples, pg_stat_get_live_tuples(c.oid) FROM pg_class c "
-            "WHERE c.oid = ANY(ARRAY(SELECT to_regclass(t) FROM unnest(%s::text[]) AS t))",
+            "WHERE c.oid = ANY(ARRAY(SELECT to_regclass(t) FROM unnest(%s::text[]) AS t)) "
+            "AND pg_has_role(c.relowner, 'USAGE')",
             [[connection.ops.quote_name(table) for table in tables]],
         )
         grown = [(name, counted, live) for name, counted, live in cursor.fetchall()

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +43,25 @@ def tables_analyze_if_grown(tables: Iterable[str], *, rows_added: int = 0, using
     One read of the tables' statistics when none has grown. PostgreSQL only, and outside a
     transaction (`ANALYZE` would hold its lock until the caller's commit): otherwise nothing is
     done. A table being vacuumed or analysed at the moment is skipped (`SKIP_LOCKED`), and so is
-    one this role does not own (PostgreSQL would refuse it with a warning, at every pass)."""
+    one this role does not own (PostgreSQL would refuse it with a warning, at every pass).
+
+    Never raises a database error: a caller's own work is done by then (a batch submit's jobs are
+    committed and sent: an error here would have its operator submit them again); the error is
+    logged, and the next batch or pass tries again."""
     connection = connections[using]
     tables = list(tables)
     if connection.vendor != "postgresql" or connection.in_atomic_block or not tables:
         return []
+    analysed: list[str] = []
+    try:
+        _analyze_grown(connection, tables, rows_added, analysed)
+    except DatabaseError as exc:
+        logger.warning("the statistics of %s were not taken again: %s: %s", ", ".join(tables),
+                       type(exc).__name__, exc)
+    return analysed
+
+
+def _analyze_grown(connection: Any, tables: list[str], rows_added: int, analysed: list[str]) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             # pg_stat_user_tables.n_live_tup, without the view's other columns and joins; only the
@@ -60,9 +75,9 @@ def tables_analyze_if_grown(tables: Iterable[str], *, rows_added: int = 0, using
                  if _outgrown(counted=counted, live=max(live, max(counted, 0) + rows_added))]
         for name, counted, live in grown:
             cursor.execute(f"ANALYZE (SKIP_LOCKED) {connection.ops.quote_name(name)}")
+            analysed.append(name)
             logger.info("table %s analysed: about %d rows, its statistics said %d", name,
                         max(live, max(counted, 0) + rows_added), max(counted, 0))
-    return [name for name, _, _ in grown]
 
 
 def _outgrown(*, counted: float, live: float) -> bool:

@@ -156,3 +156,25 @@ def test_a_table_this_role_does_not_own_is_left_alone(no_autovacuum):
         finally:
             cursor.execute(f"REVOKE ALL ON jobs_job, jobs_jobevent FROM {role}")
             cursor.execute(f"DROP ROLE {role}")
+
+
+def test_a_failed_analyse_fails_neither_the_submit_nor_the_pass(monkeypatch, no_autovacuum, caplog):
+    """The batch's jobs are committed and sent before the statistics are looked at: an error
+    there must not tell the operator that the submit failed (they would submit again)."""
+    from django.db import DatabaseError
+
+    monkeypatch.setattr("jobs.services.transitions.jobs_dispatch", lambda jobs: None)
+
+    def refuse_analyse(execute, sql, params, many, context):
+        if sql.startswith("ANALYZE"):
+            raise DatabaseError("canceling statement due to statement timeout")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refuse_analyse):
+        jobs = jobs_submit_many(kind="demo.noop", inputs=[{}] * statistics.MINIMUM_ROWS)
+        assert jobs_statistics_refresh() == []
+    assert Job.objects.filter(pk__in=[job.pk for job in jobs]).count() == statistics.MINIMUM_ROWS
+    assert "were not taken again: DatabaseError: canceling statement" in caplog.text
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # the counters the next pass reads
+    assert set(jobs_statistics_refresh()) == {"jobs_job", "jobs_jobevent"}  # the next pass does it

@@ -449,6 +449,45 @@ def vacuumed(conn: Any, *tables: str) -> None:
         conn.execute(f"VACUUM ANALYZE {table}")
 
 
+# PostgreSQL's activity counters reach pg_stat_user_tables within a second of a connection going
+# idle (PGSTAT_MIN_INTERVAL): a phase's are read this long after its last job.
+STATS_FLUSH_SECONDS = 1.2
+
+
+class TableScans:
+    """The scans of a jobs table during a phase, from PostgreSQL's counters: sequential scans and
+    the rows they read, index scans. A job is found by key (its moves, its events' foreign-key
+    checks), so a sequential scan per job says a connection kept a plan made for a table of a
+    few rows (bench/README.md, "A plan made on a one-row table")."""
+
+    SQL = "SELECT seq_scan, seq_tup_read, COALESCE(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = %s"
+
+    def __init__(self, connection: Any, table: str) -> None:
+        """`connection`: psycopg's or Django's (a cursor is taken for each read)."""
+        self.connection, self.table = connection, table
+        self.before = self._read()
+
+    def _read(self) -> tuple[int, int, int]:
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.SQL, [self.table])
+            row = cursor.fetchone()
+        return tuple(row) if row else (0, 0, 0)
+
+    def stop(self) -> dict[str, int]:
+        """The counts since the start, read once the counters have reached the server."""
+        time.sleep(STATS_FLUSH_SECONDS)
+        after = self._read()
+        sequential, rows, by_index = (now - then for now, then in zip(after, self.before, strict=True))
+        return {"table": self.table, "sequential": sequential, "rows_read_sequentially": rows, "by_index": by_index}
+
+
+def scans_text(scans: dict[str, Any] | None) -> str:
+    if not scans:
+        return ""
+    return (f"; {scans['table']}: {scans['sequential']} sequential scans ({scans['rows_read_sequentially']} rows), "
+            f"{scans['by_index']} by index")
+
+
 def peer_database_url() -> str:
     """The peer's database beside the bench's own: `<name>_peer` on the same server."""
     parts = urlsplit(os.environ["DATABASE_URL"])
@@ -608,6 +647,7 @@ def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
 
     with durable_worker(concurrency, redis_url) as (worker, conn, completed):
         vacuumed(conn, bare_durable.JOBS, bare_durable.EVENTS)
+        scans = TableScans(conn, bare_durable.JOBS)
         since = datetime.now(UTC)
         budget = CpuBudget(worker.pid)
         budget.start()
@@ -623,7 +663,7 @@ def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
         return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
                 "submit_seconds": round(submitted, 3), **drain_figures(count, since, first, last),
                 "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid), "cpu_ms_per_job": cpu_ms,
-                "statements": json.loads(DURABLE_STATEMENTS.read_text())}
+                "statements": json.loads(DURABLE_STATEMENTS.read_text()), "scans": scans.stop()}
 
 
 def drain_figures(count: int, since: datetime, first: datetime | None, last: datetime | None) -> dict[str, Any]:
@@ -645,6 +685,7 @@ def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = Non
 
     with connection.cursor() as cursor:
         vacuumed(cursor, Job._meta.db_table, JobEvent._meta.db_table)
+    scans = TableScans(connection, Job._meta.db_table)
     profile = Profile(shipped, "worker", max(5.0, count / 400), profile_dir)
     since = datetime.now(UTC)
     cpu_before = shipped.cpu_by_service()
@@ -675,7 +716,7 @@ def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = Non
             "submit_seconds": round(submitted, 3), **drain_figures(len(ids), since, span["first"], span["last"]),
             "failed": failed, "rss_under_load_mb": rss_peak,
             "cpu_seconds": cpu_delta(cpu_before, shipped.cpu_by_service()), "cpu_ms_per_job": cpu_ms,
-            "profile_worker": profile.top()}
+            "profile_worker": profile.top(), "scans": scans.stop()}
 
 
 class _ApiConnection(asyncio.Protocol):
@@ -1111,14 +1152,14 @@ def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurr
         durable = result["durable"]
         print(f"  bare + SQL    {durable['per_second']:8.1f} jobs/s  (the platform's two statements per job, "
               f"no Django; submitted in {durable['submit_seconds']} s, drained at "
-              f"{durable.get('drain_per_second')}/s, worker cpu {durable['worker_cpu_seconds_with_start']} s)",
-              flush=True)
+              f"{durable.get('drain_per_second')}/s, worker cpu {durable['worker_cpu_seconds_with_start']} s"
+              f"{scans_text(durable.get('scans'))})", flush=True)
     if "platform" in phases:
         result["platform"] = platform_phase(args.count, shipped, args.profile)
         run = result["platform"]
         print(f"  platform      {run['per_second']:8.1f} jobs/s  (submitted in {run['submit_seconds']} s, "
-              f"first claim after {run.get('first_claim_after_s')} s, drained at {run.get('drain_per_second')}/s)  "
-              f"cpu {run['cpu_seconds']}", flush=True)
+              f"first claim after {run.get('first_claim_after_s')} s, drained at {run.get('drain_per_second')}/s"
+              f"{scans_text(run.get('scans'))})  cpu {run['cpu_seconds']}", flush=True)
     if "bare" in result and "platform" in result:
         result["ratio"] = round(result["platform"]["per_second"] / result["bare"]["per_second"], 3)
         print(f"  ratio         {result['ratio']:8.3f}", flush=True)

@@ -81,3 +81,24 @@ def test_the_rounds_table_lists_each_round_and_the_median_ratios():
     table = rounds_text(rounds).splitlines()
     assert table[2] == "| 1 | 1000.0 | 500.0 | 200.0 | 0.2 | 0.5 | 0.4 | 2.0, 3.5, 6.0 |"
     assert table[-1] == "| median | | | | 0.25 | 0.5 | 0.5 | |"
+
+
+@needs_postgresql
+def test_the_scans_of_a_table_during_a_phase_are_counted():
+    from bench.shipped import TableScans, scans_text
+
+    table = f"bench_scans_{os.getpid()}"
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+        try:
+            conn.execute(f"INSERT INTO {table} SELECT generate_series(1, 100)")
+            scans = TableScans(conn, table)
+            with psycopg.connect(DSN, autocommit=True) as other:  # the phase's work, on a connection of its own
+                other.execute("SET enable_indexscan = off; SET enable_bitmapscan = off")
+                for key in (1, 2, 3):
+                    other.execute(f"SELECT * FROM {table} WHERE id = %s", [key])
+            counted = scans.stop()
+        finally:
+            conn.execute(f"DROP TABLE {table}")
+    assert counted == {"table": table, "sequential": 3, "rows_read_sequentially": 300, "by_index": 0}
+    assert scans_text(counted) == f"; {table}: 3 sequential scans (300 rows), 0 by index"

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
@@ -54,30 +53,26 @@ def tables_analyze_if_grown(tables: Iterable[str], *, rows_added: int = 0, using
         return []
     analysed: list[str] = []
     try:
-        _analyze_grown(connection, tables, rows_added, analysed)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                # pg_stat_user_tables.n_live_tup, without the view's other columns and joins; only
+                # the tables this role may analyse (it owns them, or is a member of their owner's role).
+                "SELECT c.relname, c.reltuples, pg_stat_get_live_tuples(c.oid) FROM pg_class c "
+                "WHERE c.oid = ANY(ARRAY(SELECT to_regclass(t) FROM unnest(%s::text[]) AS t)) "
+                "AND pg_has_role(c.relowner, 'USAGE')",
+                [[connection.ops.quote_name(table) for table in tables]],
+            )
+            for name, counted, live in cursor.fetchall():
+                live = max(live, max(counted, 0) + rows_added)
+                if not _outgrown(counted=counted, live=live):
+                    continue
+                cursor.execute(f"ANALYZE (SKIP_LOCKED) {connection.ops.quote_name(name)}")
+                analysed.append(name)
+                logger.info("table %s analysed: about %d rows, its statistics said %d", name, live, max(counted, 0))
     except DatabaseError as exc:
         logger.warning("the statistics of %s were not taken again: %s: %s", ", ".join(tables),
                        type(exc).__name__, exc)
     return analysed
-
-
-def _analyze_grown(connection: Any, tables: list[str], rows_added: int, analysed: list[str]) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            # pg_stat_user_tables.n_live_tup, without the view's other columns and joins; only the
-            # tables this role may analyse (it owns them, or is a member of their owner's role).
-            "SELECT c.relname, c.reltuples, pg_stat_get_live_tuples(c.oid) FROM pg_class c "
-            "WHERE c.oid = ANY(ARRAY(SELECT to_regclass(t) FROM unnest(%s::text[]) AS t)) "
-            "AND pg_has_role(c.relowner, 'USAGE')",
-            [[connection.ops.quote_name(table) for table in tables]],
-        )
-        grown = [(name, counted, live) for name, counted, live in cursor.fetchall()
-                 if _outgrown(counted=counted, live=max(live, max(counted, 0) + rows_added))]
-        for name, counted, live in grown:
-            cursor.execute(f"ANALYZE (SKIP_LOCKED) {connection.ops.quote_name(name)}")
-            analysed.append(name)
-            logger.info("table %s analysed: about %d rows, its statistics said %d", name,
-                        max(live, max(counted, 0) + rows_added), max(counted, 0))
 
 
 def _outgrown(*, counted: float, live: float) -> bool:

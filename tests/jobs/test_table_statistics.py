@@ -20,6 +20,7 @@ from dbkit import statistics
 from jobs.events import jobs_create_with_first_events
 from jobs.models import Job
 from jobs.services import jobs_statistics_refresh, jobs_submit_many
+from tests.support import processes
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's plans and statistics"),
@@ -28,13 +29,6 @@ pytestmark = [
 
 GROWN = 2000  # jobs added after the worker's connection planned
 CHECKED = 100  # events written (and so jobs checked) by it after that
-
-
-def _dsn() -> str:
-    settings = connection.settings_dict
-    return psycopg.conninfo.make_conninfo(
-        dbname=settings["NAME"], user=settings["USER"] or None, password=settings["PASSWORD"] or None,
-        host=settings["HOST"] or None, port=settings["PORT"] or None)
 
 
 @pytest.fixture
@@ -59,7 +53,7 @@ def worker(monkeypatch, no_autovacuum):
     (first,) = jobs_submit_many(kind="demo.noop", inputs=[{}])
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE jobs_job")  # a table analysed while it held one row (or autovacuum's)
-    with contextlib.closing(psycopg.connect(_dsn(), autocommit=True)) as conn:
+    with contextlib.closing(psycopg.connect(processes.test_database_url(), autocommit=True)) as conn:
         for seq in range(2, 12):  # more than the five custom plans before a generic one is kept
             _event(conn, first.pk, seq)
         yield conn

@@ -32,23 +32,17 @@ import hiredis
 from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
 from redis.connection import HiredisRespSerializer
 
+from jobs.followed import EVERYONE, FEED_GROUP, job_group
 from jobs.models import Job, JobEvent
 from jobs.presenters import job_as_dict
 
 logger = logging.getLogger(__name__)
 
-FEED_GROUP = "jobs"
 # Sends waiting in one process beyond this are dropped (and logged): with Redis down, memory
 # must not grow without bound. The log stays complete; clients catch up from the database.
 MAX_PENDING = 10_000
 # Messages taken from the queue at once: one round trip asks which of their groups anyone follows.
 BATCH = 500
-
-
-def job_group(job_id: Any) -> str:
-    """The channel group of one job's event stream: `job.<uuid hex>`."""
-    hex_id = job_id.hex if hasattr(job_id, "hex") else str(job_id).replace("-", "")
-    return f"job.{hex_id}"
 
 
 # Answers of a Redis that ran nothing of the script: it no longer has it (`SCRIPT FLUSH`), it is
@@ -415,26 +409,34 @@ def publish_all(pushes: list[tuple[str, Mapping[str, Any]]]) -> None:
 
 
 def event_publish(*, job: Job, event: JobEvent) -> None:
-    """Push a committed event: to the job's group, and a `status` event's job to the feed.
+    """Push a committed event: to the job's group, and a `status` event's job to the feed; to
+    each only if someone follows it, as the statement that wrote the event found
+    (`jobs.followed`; a job read otherwise is taken as followed by both).
 
     Call it only after the event's transaction committed (`jobs.events.event_record` does so
     with `transaction.on_commit`), so no client ever sees an event that was rolled back.
     """
-    publish_all(_event_pushes(job, event))
+    pushes = _event_pushes(job, event)
+    if pushes:
+        publish_all(pushes)
 
 
 def events_publish(written: list[tuple[Job, JobEvent]]) -> None:
     """`event_publish` each committed (job, event), in order, together: a batch's first events
     (`manage.py submit --count`) go out in a few writes (`DirectPush.max_pushes` pushes each),
     not one per job."""
-    publish_all([push for job, event in written for push in _event_pushes(job, event)])
+    pushes = [push for job, event in written for push in _event_pushes(job, event)]
+    if pushes:
+        publish_all(pushes)
 
 
 def _event_pushes(job: Job, event: JobEvent) -> list[tuple[str, dict[str, Any]]]:
     # The data only: a web process that has followers encodes their frame once for all of them
-    # (`jobs.fanout.Push`). Most events are followed by nobody, and a pool process running a job
-    # would otherwise encode each one for nothing (and send it twice over Redis).
-    pushes = [(job_group(job.pk), {"type": "job.event", "job_id": str(job.pk), "event": event.as_dict()})]
-    if event.type == JobEvent.Type.STATUS:
+    # (`jobs.fanout.Push`). Most events are followed by nobody: then nothing is built at all.
+    job_followed, feed_followed = getattr(job, "_followed", EVERYONE)
+    pushes = []
+    if job_followed:
+        pushes.append((job_group(job.pk), {"type": "job.event", "job_id": str(job.pk), "event": event.as_dict()}))
+    if feed_followed and event.type == JobEvent.Type.STATUS:
         pushes.append((FEED_GROUP, {"type": "job.status", "job": job_as_dict(job), "owner_id": job.owner_id}))
     return pushes

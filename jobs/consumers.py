@@ -40,13 +40,14 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from jobs.broadcast import FEED_GROUP, job_group
+from dbkit.threads import off_request_thread
 from jobs.errors import JobNotFound
 from jobs.fanout import Batch, LocalFanout, Push
+from jobs.followed import FEED_GROUP, job_group
 from jobs.models import Job
 from jobs.presenters import job_as_dict
 from jobs.selectors import job_events_after, job_get_visible, job_visible_to_which
-from jobs.streams import OVER_CAP, REFUSED, LiveStreams, off_request_thread
+from jobs.streams import OVER_CAP, REFUSED, LiveStreams
 from jobs.wire import Wire, text_frame, wire_for
 
 logger = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ from dbkit.values import comparable, prepared_checked, save_preparer
 from jobs.broadcast import event_publish, events_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
+from jobs.followed import feed_followed
 from jobs.models import Job, JobEvent, column_converters, converted, job_update_returning
 from jobs.statements import NEXT_EVENT_SEQ, KeptExpression, MoveRows, move_statement
 
@@ -123,7 +124,9 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
         cursor.execute(sql, [*insert_params, *_event_params(events[0], _FIRST_EVENT_TAIL, connection)])
         rows = {row[0]: row[1:] for row in cursor.fetchall()}
     for job, event in zip(jobs, events, strict=True):
-        *values, event_id = rows[job.pk]  # a uuid column, read as the UUID the job holds
+        *values, event_id, feed = rows[job.pk]  # a uuid column, read as the UUID the job holds
+        # Nobody can follow a job before it is committed: its first event goes to the feed alone.
+        job._followed = (False, feed)
         for field, value in zip(returned, values, strict=True):
             setattr(job, field.attname, converted(value, field, column_converters(connection, field), connection))
         job._state.adding = False
@@ -139,13 +142,13 @@ _FIRST_EVENT_TAIL = ["seq", "type", "step", "status", "message", "created_at"]
 
 def _with_first_events(connection, insert_sql: str, returned: list) -> str:
     """The jobs' INSERT with their first events' as a CTE over it, returning each job's id, its
-    `returned` columns and its event's id."""
+    `returned` columns, its event's id and whether the feed is followed (`jobs.followed`)."""
     quote = connection.ops.quote_name
     pk = quote(Job._meta.pk.column)
     return (f"WITH j AS ({insert_sql}), i AS ({_event_insert_prefix(connection)} "
             f"SELECT j.{pk}, {', '.join(['%s'] * len(_FIRST_EVENT_TAIL))} FROM j RETURNING id, job_id) "
-            f"SELECT j.{pk}, {''.join(f'j.{quote(field.column)}, ' for field in returned)}i.id "
-            f"FROM j JOIN i ON i.job_id = j.{pk}")
+            f"SELECT j.{pk}, {''.join(f'j.{quote(field.column)}, ' for field in returned)}i.id, "
+            f"{feed_followed(connection)} FROM j JOIN i ON i.job_id = j.{pk}")
 
 
 def _compiled_insert(connection, jobs: list[Job], written: list, returning: list,

@@ -13,9 +13,10 @@ sockets; the channel layer delivers every message once to each process that foll
 A follower is anything with a non-blocking `deliver(push)` (the websocket consumers, the SSE
 streams, the registry of live streams). `follow` returns only once the process is a member of
 the group, so a caller that follows first and reads the database second misses nothing (the
-consumers' "join first"). Memberships are renewed every `renew_interval` (a Redis that restarted
-empty forgets them; the periodic check of `jobs.streams` covers the pushes lost meanwhile) and
-dropped once nobody here follows.
+consumers' "join first"): nothing is pushed to a group nobody marked followed, so `follow` also
+marks it (`jobs.followed`), after the join. Memberships and marks are renewed every
+`renew_interval` (a Redis that restarted empty forgets them; the periodic check of
+`jobs.streams` covers the pushes lost meanwhile) and dropped once nobody here follows.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ from typing import Any, Protocol
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from dbkit.threads import off_request_thread
+from jobs.followed import TRUSTED_SECONDS, group_is_marked, groups_followed_mark
+
 logger = logging.getLogger(__name__)
+
+
+_groups_followed_mark = off_request_thread(groups_followed_mark)
 
 
 class Push:
@@ -119,6 +126,7 @@ class LocalFanout:
         self.channel: str | None = None
         self.followers: defaultdict[str, set[Follower]] = defaultdict(set)
         self.joined: dict[str, float] = {}  # group -> time.monotonic() of its last group_add
+        self.marked: dict[str, float] = {}  # group -> time.monotonic() of its last mark
         self.lock = asyncio.Lock()  # joins and leaves, one at a time
         self.tasks: list[asyncio.Task] = []
 
@@ -132,9 +140,10 @@ class LocalFanout:
         return fanout
 
     async def follow(self, group: str, follower: Follower) -> None:
-        """Deliver the messages of `group` to `follower`; returns once this process is a member."""
+        """Deliver the messages of `group` to `follower`; returns once this process is a member
+        and the group is marked followed (`jobs.followed`: pushed to at all)."""
         self.followers[group].add(follower)
-        if group in self.joined:
+        if group in self.joined and self._mark_trusted(group):
             return  # a leave checks for followers under the lock, so it will not drop this one
         async with self.lock:
             if self.channel is None:
@@ -144,6 +153,26 @@ class LocalFanout:
             if group not in self.joined:
                 await self.layer.group_add(group, self.channel)
                 self.joined[group] = time.monotonic()
+            if not self._mark_trusted(group):
+                # After the join: a move that finds the mark pushes to a member already.
+                await self._mark([group], wait=True)
+
+    def _mark_trusted(self, group: str) -> bool:
+        if not group_is_marked(group):
+            return True  # pushed to whether followed or not (revocations)
+        marked = self.marked.get(group)
+        return marked is not None and time.monotonic() - marked < TRUSTED_SECONDS
+
+    async def _mark(self, groups: list[str], *, wait: bool) -> None:
+        """Mark `groups` followed in the database; a failure is logged (the streams' periodic
+        check then reads what was not pushed)."""
+        started = time.monotonic()
+        try:
+            await _groups_followed_mark(groups, wait=wait)
+        except Exception as exc:
+            logger.warning("could not mark %d group(s) followed: %s: %s", len(groups), type(exc).__name__, exc)
+            return
+        self.marked.update(dict.fromkeys(groups, started))
 
     def unfollow(self, group: str, follower: Follower) -> None:
         """Stop delivering `group` to `follower` (the membership is dropped at the next renewal)."""
@@ -243,16 +272,25 @@ class LocalFanout:
     async def _renew_forever(self) -> None:
         while True:
             await asyncio.sleep(self.renew_interval)
-            for group in list(self.joined):
-                try:
-                    async with self.lock:
-                        if group not in self.joined:
-                            continue
-                        if self.followers.get(group):
-                            await self.layer.group_add(group, self.channel)
-                            self.joined[group] = time.monotonic()
-                        else:
-                            del self.joined[group]
-                            await self.layer.group_discard(group, self.channel)
-                except Exception as exc:  # try again at the next renewal
-                    logger.warning("could not renew membership of %s: %s: %s", group, type(exc).__name__, exc)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """Join again every group still followed here, leave the others, and mark the followed
+        ones again (`jobs.followed`: one or two statements for them all)."""
+        for group in list(self.joined):
+            try:
+                async with self.lock:
+                    if group not in self.joined:
+                        continue
+                    if self.followers.get(group):
+                        await self.layer.group_add(group, self.channel)
+                        self.joined[group] = time.monotonic()
+                    else:
+                        del self.joined[group]
+                        self.marked.pop(group, None)
+                        await self.layer.group_discard(group, self.channel)
+            except Exception as exc:  # try again at the next renewal
+                logger.warning("could not renew membership of %s: %s: %s", group, type(exc).__name__, exc)
+        marked = [group for group in self.joined if group_is_marked(group)]
+        if marked:
+            await self._mark(marked, wait=False)

@@ -19,6 +19,7 @@ from django.db.models.sql import UpdateQuery
 from dbkit.instances import instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor
+from jobs.followed import EVERYONE, followed_returning
 from jobs.presenters import event_text
 from jobs.timestamps import iso_utc
 
@@ -76,7 +77,7 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
     if connection is None:
         connection = connections[using]
     update_sql, params = statement
-    columns, attnames, converting = _row_reading(connection, Job)
+    columns, attnames, converting, followed = _job_row_reading(connection)
     insert_sql = None
     if then_insert is not None:
         insert_sql, insert_params = then_insert
@@ -90,11 +91,14 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
     inserted_id = row[-1] if then_insert is not None else None
     # What a queryset does to a fetched row, without the cost of a RawQuerySet (this is
     # the hot path of every status change): the backend's and the fields' converters.
-    values = list(row[: len(attnames)])
+    count = len(attnames)
+    values = list(row[:count])
     for index, field, converters in converting:
         values[index] = converted(values[index], field, converters, connection)
     job = instance_from_row(Job, using, attnames, values)
     job._inserted_id = inserted_id
+    # Who follows it, as the statement found (`jobs.followed`): its events' pushes go only there.
+    job._followed = (row[count], row[count + 1]) if followed else EVERYONE
     return job
 
 
@@ -112,18 +116,22 @@ def _returning_statement(update_sql: str, insert_sql: str | None, columns: str) 
     return sql
 
 
-def _row_reading(connection, model) -> tuple[str, list[str], tuple]:
-    """What reading back a whole row of `model` on `connection` takes, worked out once per
-    connection: the RETURNING list, the attribute names in its order, and (index, field,
-    converters) for each column that has converters (most have none)."""
-    def build() -> tuple[str, list[str], tuple]:
-        concrete = model._meta.concrete_fields
+def _job_row_reading(connection) -> tuple[str, list[str], tuple, bool]:
+    """What reading back a whole job row on `connection` takes, worked out once per connection:
+    the RETURNING list, the attribute names in its order, (index, field, converters) for each
+    column that has converters (most have none), and whether the list ends with the two
+    "followed" flags (`jobs.followed`: on PostgreSQL)."""
+    def build() -> tuple[str, list[str], tuple, bool]:
+        concrete = Job._meta.concrete_fields
         columns = ", ".join(connection.ops.quote_name(field.column) for field in concrete)
         converting = tuple((index, field, tuple(converters)) for index, field in enumerate(concrete)
                            if (converters := column_converters(connection, field)))
-        return columns, [field.attname for field in concrete], converting
+        followed = connection.vendor == "postgresql"
+        if followed:
+            columns += followed_returning(connection)
+        return columns, [field.attname for field in concrete], converting, followed
 
-    return once_per_connection(connection, f"_taskplatform_row_reading:{model._meta.label}", build)
+    return once_per_connection(connection, "_taskplatform_job_row_reading", build)
 
 
 def converted(value: Any, field, converters, connection) -> Any:
@@ -238,6 +246,10 @@ class Job(models.Model):
     updated_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Until when a live stream follows this job (the database's clock; `jobs.followed`): a move
+    # pushes the job's events to its group only while it is followed. Set under the row lock by
+    # the web process that serves the stream, before its first read of the job.
+    followed_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -288,6 +300,18 @@ class Job(models.Model):
     @property
     def progress(self) -> dict[str, Any]:
         return {"fraction": self.progress_fraction, "text": self.progress_text}
+
+
+class FollowedGroup(models.Model):
+    """Until when a live stream follows a channel group that is not one job's: the feed of
+    status changes (`jobs.followed`). Every move reads it, to push to the feed only while
+    someone follows it."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    until = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} followed until {self.until:%Y-%m-%d %H:%M:%S}"
 
 
 class JobEvent(models.Model):

@@ -29,12 +29,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.http import require_GET
 
 from accounts.services import api_token_authenticate
-from jobs.broadcast import job_group
+from dbkit.threads import off_request_thread
 from jobs.errors import JobNotFound
 from jobs.fanout import LocalFanout, Push
+from jobs.followed import job_group
 from jobs.models import Job
 from jobs.selectors import job_events_after, job_get_visible
-from jobs.streams import LiveStreams, off_request_thread
+from jobs.streams import LiveStreams
 
 logger = logging.getLogger(__name__)
 

@@ -30,17 +30,15 @@ import asyncio
 import logging
 import weakref
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connections
 from redis.exceptions import RedisError
 
 from accounts.credentials import credentials_still_valid
+from dbkit.threads import off_request_thread
 from jobs.broadcast import publish
 from jobs.fanout import LocalFanout, Push
 from jobs.models import Job
@@ -270,20 +268,6 @@ class LiveStreams:
                     stream.resync()
             followed = {s.job_pk for s in self.streams.values()}
             previous = {**{pk: seq for pk, seq in previous.items() if pk in followed}, **newest}
-
-
-def off_request_thread(function: Callable) -> Callable:
-    """`database_sync_to_async` for the periodic work of a process (not of one request): in a
-    thread of the shared pool, and closing its connection after (back to the pool under the ASGI
-    server), since that thread is not a request's and nothing else would close it."""
-
-    def closing(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        finally:
-            connections.close_all()
-
-    return database_sync_to_async(closing, thread_sensitive=False)
 
 
 @off_request_thread

@@ -17,8 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jobs import broadcast
-from jobs.broadcast import FEED_GROUP, job_group, publish, publisher
+from jobs.broadcast import publish, publisher
 from jobs.events import event_append
+from jobs.followed import FEED_GROUP, groups_followed_mark, job_group
 from jobs.services import job_submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,7 +32,8 @@ def no_dispatch():
 
 
 def member_of(group: str) -> str:
-    """A channel in `group`, made with the default layer (as a consumer would)."""
+    """A channel in `group`, made with the default layer, and the group marked followed (as a web
+    process's fan-out does for its streams: `jobs.followed`)."""
 
     async def join():
         layer = get_channel_layer()
@@ -39,7 +41,9 @@ def member_of(group: str) -> str:
         await layer.group_add(group, channel)
         return channel
 
-    return async_to_sync(join)()
+    channel = async_to_sync(join)()
+    groups_followed_mark([group])
+    return channel
 
 
 def received(channel: str, count: int, timeout: float = 5) -> list[dict]:
@@ -123,6 +127,7 @@ def test_a_failed_push_never_fails_the_write(caplog, thread_path):
     def broken_check(groups):
         raise ConnectionError("redis is down")
 
+    groups_followed_mark([job_group(job.pk)])  # followed (pushed to), by no member yet
     with mock.patch.object(publisher().layer, "group_members_now", broken_check), caplog.at_level(logging.WARNING):
         event = event_append(job_id=job.pk, type="log", status="info", message={"text": "written, pushed nowhere"})
         assert publisher().flush(5)
@@ -573,7 +578,8 @@ def test_a_batch_submit_publishes_its_first_events_at_once_and_each_reaches_the_
                            side_effect=broadcast.Publisher.send_all) as send_all:
         jobs = jobs_submit_many(kind="demo.noop", inputs=[{}] * 40)
         assert publisher().flush(5)
-    assert send_all.call_count == 1 and len(send_all.call_args.args[1]) == 80  # the job's group and the feed, each
+    # The feed, for each: nobody can follow a job's own group before it is committed.
+    assert send_all.call_count == 1 and len(send_all.call_args.args[1]) == 40
     feed = received(feed_channel, 40)
     assert [message["job"]["id"] for message in feed] == [str(job.pk) for job in jobs]
     assert {message["job"]["status"] for message in feed} == {"pending"}

@@ -15,9 +15,10 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
-from jobs.broadcast import job_group, publisher
+from jobs.broadcast import publisher
 from jobs.consumers import JobEventsConsumer
 from jobs.events import event_append
+from jobs.followed import job_group
 from jobs.models import JobEvent
 from jobs.services import job_cancel, job_submit
 from jobs.streams import LiveStreams

@@ -1,0 +1,221 @@
+"""Pushes only to followers (`jobs.followed`): a job's events go to its group only while a web
+process marks it followed, status changes to the feed only while the feed is; and a stream that
+connects while a move is under way still misses nothing, against the real PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from unittest import mock
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from django.db import connection, connections, transaction
+
+from jobs import broadcast
+from jobs.broadcast import publisher
+from jobs.events import event_append
+from jobs.fanout import LocalFanout
+from jobs.followed import FEED_GROUP, MARK_SECONDS, groups_followed_mark, job_group
+from jobs.models import FollowedGroup, Job
+from jobs.services import job_cancel, job_submit, jobs_submit_many
+from tests.conftest import make_user
+from tests.live.conftest import session_cookie
+from tests.live.test_consumers import open_socket, receive, receive_events
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def no_dispatch():
+    with mock.patch("jobs.services.transitions.job_dispatch"):
+        yield
+
+
+@pytest.fixture
+def pushed():
+    """The groups of each `publish_all` call, in order (the pushes still go out)."""
+    calls: list[list[str]] = []
+    real = broadcast.publish_all
+
+    def record(pushes):
+        calls.append([group for group, _ in pushes])
+        real(pushes)
+
+    with mock.patch.object(broadcast, "publish_all", record):
+        yield calls
+
+
+def log(job_id, text: str):
+    return event_append(job_id=job_id, type="log", status="info", message={"text": text})
+
+
+def seconds_left(job_id) -> float:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM followed_until - statement_timestamp()) FROM jobs_job WHERE id = %s",
+                       [job_id])
+        return float(cursor.fetchone()[0])
+
+
+def test_nothing_is_pushed_for_a_job_nobody_follows_and_each_group_only_while_followed(pushed):
+    job, _ = job_submit(kind="demo.noop", input={})
+    log(job.pk, "nobody follows")
+    job_cancel(job_id=job.pk)
+    assert pushed == []  # not the submit's first event, not the log, not the status change
+
+    groups_followed_mark([job_group(job.pk)])
+    assert MARK_SECONDS - 5 < seconds_left(job.pk) <= MARK_SECONDS
+    log(job.pk, "the job is followed")
+    assert pushed == [[job_group(job.pk)]]
+
+    groups_followed_mark([FEED_GROUP])
+    other, _ = job_submit(kind="demo.noop", input={})  # its first event: to the feed only
+    log(job.pk, "a log line is not a status change")
+    job_cancel(job_id=other.pk)
+    assert pushed[1:] == [[FEED_GROUP], [job_group(job.pk)], [FEED_GROUP]]
+
+    Job.objects.filter(pk=job.pk).update(followed_until=None)
+    FollowedGroup.objects.all().delete()
+    log(job.pk, "followed no longer")
+    assert len(pushed) == 4
+
+
+def test_a_mark_that_ran_out_stops_the_pushes_and_a_fresh_one_is_not_written_again(pushed):
+    job, _ = job_submit(kind="demo.noop", input={})
+    groups_followed_mark([job_group(job.pk), FEED_GROUP])
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE jobs_job SET followed_until = statement_timestamp() - interval '1 second'")
+        cursor.execute("UPDATE jobs_followedgroup SET until = statement_timestamp() - interval '1 second'")
+    job_cancel(job_id=job.pk)
+    assert pushed == []
+
+    groups_followed_mark([job_group(job.pk)])
+    first = Job.objects.values_list("followed_until", flat=True).get(pk=job.pk)
+    groups_followed_mark([job_group(job.pk)])  # more than REMARK_BELOW_SECONDS left: not written
+    assert Job.objects.values_list("followed_until", flat=True).get(pk=job.pk) == first
+
+
+def test_a_batch_submit_pushes_its_first_events_to_the_feed_only_when_followed(pushed):
+    jobs_submit_many(kind="demo.noop", inputs=[{}] * 5)
+    assert pushed == []
+    groups_followed_mark([FEED_GROUP])
+    jobs_submit_many(kind="demo.noop", inputs=[{}] * 5)
+    assert pushed == [[FEED_GROUP] * 5]
+
+
+def test_a_stream_that_connects_while_a_move_holds_the_row_misses_nothing():
+    """The move's statement found nobody following, so it pushes nothing; the stream's mark waits
+    for the move's row lock, so the stream's first read comes after the move's commit and finds
+    its event. The next move finds the mark and is pushed at once (not read back at the periodic
+    check, seconds later)."""
+    owner = make_user("olga")
+    job, _ = job_submit(kind="demo.noop", input={}, owner=owner)
+    holding, release = threading.Event(), threading.Event()
+
+    def move_held_open():
+        try:
+            with transaction.atomic():
+                log(job.pk, "in flight while the stream connects")  # seq 2
+                holding.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    mover = threading.Thread(target=move_held_open)
+    mover.start()
+    assert holding.wait(5)
+
+    async def scenario():
+        ws = await open_socket(f"/ws/jobs/{job.pk}/", cookie=await database_sync_to_async(session_cookie)(owner))
+        try:
+            assert await ws.receive_nothing(timeout=0.5)  # its mark waits for the move's row lock
+        finally:
+            release.set()
+        snapshot = await receive(ws)
+        assert snapshot["type"] == "snapshot" and snapshot["last_seq"] == 2
+        await database_sync_to_async(log)(job.pk, "after the stream joined")
+        assert await receive_events(ws, 1, timeout=2) == [3]  # pushed: the periodic check is 5 s away
+        await ws.disconnect()
+
+    try:
+        async_to_sync(scenario)()
+    finally:
+        release.set()
+        mover.join(10)
+    assert publisher().flush(5)
+
+
+def test_a_renewal_marks_again_what_is_followed_skipping_rows_locked_now():
+    followed, locked, left = (job_submit(kind="demo.noop", input={})[0] for _ in range(3))
+    holding, release = threading.Event(), threading.Event()
+
+    def lock_row():
+        try:
+            with transaction.atomic():
+                Job.objects.select_for_update().get(pk=locked.pk)
+                holding.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    async def scenario():
+        fanout = LocalFanout.here()
+        stream = mock.Mock()
+        for job in (followed, locked, left):
+            await fanout.follow(job_group(job.pk), stream)
+        fanout.unfollow(job_group(left.pk), stream)
+        await database_sync_to_async(Job.objects.update)(followed_until=None)
+        locker.start()
+        assert await asyncio.to_thread(holding.wait, 5)
+        started = time.monotonic()
+        await fanout.renew()  # the row locked by another transaction is skipped, not waited for
+        assert time.monotonic() - started < 5
+        for task in fanout.tasks:
+            task.cancel()
+
+    locker = threading.Thread(target=lock_row)
+    try:
+        async_to_sync(scenario)()
+    finally:
+        release.set()
+        locker.join(10)
+    marks = dict(Job.objects.values_list("pk", "followed_until"))
+    assert marks[followed.pk] is not None
+    assert marks[locked.pk] is None and marks[left.pk] is None
+
+
+def test_a_stream_of_a_group_this_process_follows_already_marks_it_again_once_the_mark_is_old():
+    job, _ = job_submit(kind="demo.noop", input={})
+    group = job_group(job.pk)
+
+    async def scenario():
+        fanout = LocalFanout.here()
+        await fanout.follow(group, mock.Mock())
+        await database_sync_to_async(Job.objects.update)(followed_until=None)
+        await fanout.follow(group, mock.Mock())  # trusted: the mark it wrote a moment ago
+        assert await database_sync_to_async(lambda: Job.objects.get(pk=job.pk).followed_until)() is None
+        fanout.marked[group] -= 3600
+        await fanout.follow(group, mock.Mock())
+        assert await database_sync_to_async(lambda: Job.objects.get(pk=job.pk).followed_until)() is not None
+        for task in fanout.tasks:
+            task.cancel()
+
+    async_to_sync(scenario)()
+
+
+def test_a_mark_that_cannot_be_written_leaves_the_stream_to_its_periodic_check(caplog):
+    job, _ = job_submit(kind="demo.noop", input={})
+
+    async def scenario():
+        fanout = LocalFanout.here()
+        with mock.patch("jobs.fanout._groups_followed_mark", side_effect=RuntimeError("database away")):
+            await fanout.follow(job_group(job.pk), mock.Mock())
+        assert job_group(job.pk) in fanout.joined and job_group(job.pk) not in fanout.marked
+        for task in fanout.tasks:
+            task.cancel()
+
+    async_to_sync(scenario)()
+    assert "could not mark 1 group(s) followed: RuntimeError: database away" in caplog.text

@@ -4,15 +4,18 @@
 
 1. the caller must see the job (`jobs.selectors`), else the socket is closed with 4403; a user
    over the cap of live streams is refused with 4429 (`jobs.streams`);
-2. the consumer joins the job's group FIRST, then reads the job: the snapshot's `last_seq` N;
-   every event numbered above N is committed after that read, so published after the join,
-   so it reaches this consumer (or, if its push is lost, the gap check below finds it);
+2. the consumer joins the job's group and marks the job followed FIRST (`jobs.followed`: a
+   move pushes only while it is marked), then reads the job: the snapshot's `last_seq` N;
+   every event numbered above N is committed after that read, so written by a move that found
+   the mark and published after the join, so it reaches this consumer (or, if its push is lost,
+   the gap check below finds it);
 3. the backlog (`seq` > SEQ) is read from the database in pages;
 4. live events follow, deduplicated by `seq`: one at or below the last sent is dropped; one
    that skips numbers first fills the gap from the database. The registry's periodic check
    (`jobs.streams`) covers a lost push at the end of a burst, which no later event reveals.
 
-`/ws/jobs/`: `{"type": "job", "job": {...}}` for each status change of a job the caller may see.
+`/ws/jobs/`: `{"type": "job", "job": {...}}` for each status change of a job the caller may see,
+from every statement that started after the socket opened.
 
 The hot path is per event, not per socket: the process's fan-out (`jobs.fanout`) receives an
 event once and calls `deliver` of each follower in one synchronous loop, which writes the frame
@@ -228,7 +231,8 @@ class JobEventsConsumer(LiveConsumer):
         except ValueError:
             await self.refuse(REFUSED, "no such job")
             return
-        # Join before reading the job, so no event committed after the read can be missed.
+        # Join (and mark the job followed) before reading the job, so no event committed after the
+        # read can be missed.
         await self.follow(job_group(job_pk))
         job = await _visible_job(user, job_pk)
         if job is None:

@@ -33,7 +33,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from dbkit.threads import off_request_thread
-from jobs.followed import TRUSTED_SECONDS, group_is_marked, groups_followed_mark
+from jobs.followed import group_is_marked, groups_followed_mark
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class LocalFanout:
         self.channel: str | None = None
         self.followers: defaultdict[str, set[Follower]] = defaultdict(set)
         self.joined: dict[str, float] = {}  # group -> time.monotonic() of its last group_add
-        self.marked: dict[str, float] = {}  # group -> time.monotonic() of its last mark
+        self.marking: dict[str, asyncio.Future] = {}  # group -> its mark on the way
         self.lock = asyncio.Lock()  # joins and leaves, one at a time
         self.tasks: list[asyncio.Task] = []
 
@@ -143,36 +143,39 @@ class LocalFanout:
         """Deliver the messages of `group` to `follower`; returns once this process is a member
         and the group is marked followed (`jobs.followed`: pushed to at all)."""
         self.followers[group].add(follower)
-        if group in self.joined and self._mark_trusted(group):
-            return  # a leave checks for followers under the lock, so it will not drop this one
-        async with self.lock:
-            if self.channel is None:
-                self.channel = await self.layer.new_channel(prefix="fanout")
-                self.tasks = [asyncio.ensure_future(self._receive_forever()),
-                              asyncio.ensure_future(self._renew_forever())]
-            if group not in self.joined:
-                await self.layer.group_add(group, self.channel)
-                self.joined[group] = time.monotonic()
-            if not self._mark_trusted(group):
-                # After the join: a move that finds the mark pushes to a member already.
-                await self._mark([group], wait=True)
+        if group not in self.joined:  # a leave checks for followers under the lock: it will not drop this one
+            async with self.lock:
+                if self.channel is None:
+                    self.channel = await self.layer.new_channel(prefix="fanout")
+                    self.tasks = [asyncio.ensure_future(self._receive_forever()),
+                                  asyncio.ensure_future(self._renew_forever())]
+                if group not in self.joined:
+                    await self.layer.group_add(group, self.channel)
+                    self.joined[group] = time.monotonic()
+        if group_is_marked(group):
+            # After the join: a move that finds the mark pushes to a member already. Each time,
+            # not once per process: the statement finds a mark already there and writes nothing,
+            # and a mark the database lost (a restore, a table emptied) is written again.
+            await self._mark_once(group)
 
-    def _mark_trusted(self, group: str) -> bool:
-        if not group_is_marked(group):
-            return True  # pushed to whether followed or not (revocations)
-        marked = self.marked.get(group)
-        return marked is not None and time.monotonic() - marked < TRUSTED_SECONDS
+    async def _mark_once(self, group: str) -> None:
+        """Mark `group`, or wait for its mark already on the way: a crowd that connects to one
+        job at once sends a statement or a few, not one each. Outside the lock, so that the
+        marks of different jobs do not wait for each other; shielded, so that a stream closed
+        meanwhile does not stop the mark the others wait for."""
+        marking = self.marking.get(group)
+        if marking is None:
+            marking = self.marking[group] = asyncio.ensure_future(self._mark([group], wait=True))
+            marking.add_done_callback(lambda _: self.marking.pop(group, None))
+        await asyncio.shield(marking)
 
     async def _mark(self, groups: list[str], *, wait: bool) -> None:
         """Mark `groups` followed in the database; a failure is logged (the streams' periodic
         check then reads what was not pushed)."""
-        started = time.monotonic()
         try:
             await _groups_followed_mark(groups, wait=wait)
         except Exception as exc:
             logger.warning("could not mark %d group(s) followed: %s: %s", len(groups), type(exc).__name__, exc)
-            return
-        self.marked.update(dict.fromkeys(groups, started))
 
     def unfollow(self, group: str, follower: Follower) -> None:
         """Stop delivering `group` to `follower` (the membership is dropped at the next renewal)."""
@@ -287,7 +290,6 @@ class LocalFanout:
                         self.joined[group] = time.monotonic()
                     else:
                         del self.joined[group]
-                        self.marked.pop(group, None)
                         await self.layer.group_discard(group, self.channel)
             except Exception as exc:  # try again at the next renewal
                 logger.warning("could not renew membership of %s: %s: %s", group, type(exc).__name__, exc)

@@ -19,10 +19,11 @@ and status changes to the feed only while the feed is:
   the join returns). A statement already running as it joined may or may not reach it, as a
   change written just before the join never did.
 
-Marks are by the database's clock. One lasts `MARK_SECONDS` and is written again by each web
-process's fan-out at its renewals (every 30 s) once fewer than `REMARK_BELOW_SECONDS` remain: a
-followed job's row is written about once a minute, however many streams follow it in however
-many processes. A process that dies leaves its marks to run out: at worst a job's events are
+Marks are by the database's clock. One lasts `MARK_SECONDS`; each stream's open, and each web
+process's fan-out at its renewals (every 30 s), write it again once fewer than
+`REMARK_BELOW_SECONDS` remain: a followed job's row is written about once a minute, however many
+streams follow it in however many processes (a statement that finds the mark fresh writes
+nothing and takes no lock). A process that dies leaves its marks to run out: at worst a job's events are
 pushed to nobody for two minutes. A mark that could not be written (the database away) costs the
 stream pushes, not events: its periodic check (`jobs.streams`) reads them within ten seconds.
 
@@ -47,9 +48,6 @@ JOB_GROUP_PREFIX = "job."
 
 MARK_SECONDS = 120  # how long a mark lasts
 REMARK_BELOW_SECONDS = 90  # a mark with less left is written again; one with more is left as it is
-# How long a process may count on a mark it wrote or found (one has at least
-# REMARK_BELOW_SECONDS left by then), with room for a slow renewal.
-TRUSTED_SECONDS = 60
 
 # Both flags true: what a statement that does not read the marks is taken to have found.
 EVERYONE = (True, True)

@@ -187,19 +187,23 @@ def test_a_renewal_marks_again_what_is_followed_skipping_rows_locked_now():
     assert marks[locked.pk] is None and marks[left.pk] is None
 
 
-def test_a_stream_of_a_group_this_process_follows_already_marks_it_again_once_the_mark_is_old():
+def test_a_mark_the_database_lost_is_written_again_by_the_next_stream_of_the_job():
+    """A process marks at every stream's open, not once: a mark already there costs a statement
+    that writes nothing, and one the database lost (a restore, a table emptied under a running
+    server, as between tests) is written back before that stream reads."""
     job, _ = job_submit(kind="demo.noop", input={})
     group = job_group(job.pk)
+    followed_until = database_sync_to_async(lambda: Job.objects.get(pk=job.pk).followed_until)
 
     async def scenario():
         fanout = LocalFanout.here()
         await fanout.follow(group, mock.Mock())
-        await database_sync_to_async(Job.objects.update)(followed_until=None)
-        await fanout.follow(group, mock.Mock())  # trusted: the mark it wrote a moment ago
-        assert await database_sync_to_async(lambda: Job.objects.get(pk=job.pk).followed_until)() is None
-        fanout.marked[group] -= 3600
+        first = await followed_until()
         await fanout.follow(group, mock.Mock())
-        assert await database_sync_to_async(lambda: Job.objects.get(pk=job.pk).followed_until)() is not None
+        assert await followed_until() == first  # fresh: not written again
+        await database_sync_to_async(Job.objects.update)(followed_until=None)
+        await fanout.follow(group, mock.Mock())
+        assert await followed_until() is not None
         for task in fanout.tasks:
             task.cancel()
 
@@ -213,9 +217,38 @@ def test_a_mark_that_cannot_be_written_leaves_the_stream_to_its_periodic_check(c
         fanout = LocalFanout.here()
         with mock.patch("jobs.fanout._groups_followed_mark", side_effect=RuntimeError("database away")):
             await fanout.follow(job_group(job.pk), mock.Mock())
-        assert job_group(job.pk) in fanout.joined and job_group(job.pk) not in fanout.marked
+        assert job_group(job.pk) in fanout.joined
         for task in fanout.tasks:
             task.cancel()
 
     async_to_sync(scenario)()
     assert "could not mark 1 group(s) followed: RuntimeError: database away" in caplog.text
+
+
+def test_a_crowd_that_connects_to_one_job_at_once_marks_it_once_and_other_jobs_do_not_wait_for_it():
+    jobs = [job_submit(kind="demo.noop", input={})[0] for _ in range(3)]
+    calls: list[list[str]] = []
+    in_flight = {"now": 0, "most": 0}
+
+    async def slow_mark(groups, *, wait):
+        calls.append(list(groups))
+        in_flight["now"] += 1
+        in_flight["most"] = max(in_flight["most"], in_flight["now"])
+        await asyncio.sleep(0.2)
+        in_flight["now"] -= 1
+
+    async def scenario():
+        fanout = LocalFanout.here()
+        with mock.patch("jobs.fanout._groups_followed_mark", slow_mark):
+            crowd = [fanout.follow(job_group(jobs[0].pk), mock.Mock()) for _ in range(50)]
+            others = [fanout.follow(job_group(job.pk), mock.Mock()) for job in jobs[1:]]
+            started = time.monotonic()
+            await asyncio.gather(*crowd, *others)
+            elapsed = time.monotonic() - started
+        for task in fanout.tasks:
+            task.cancel()
+        return elapsed
+
+    elapsed = async_to_sync(scenario)()
+    assert sorted(calls) == sorted([job_group(job.pk)] for job in jobs)  # one mark a job
+    assert in_flight["most"] == 3 and elapsed < 0.5  # side by side, not one after the other

@@ -2,9 +2,9 @@
 
 Most jobs are followed by nobody, and most of the time nobody follows the feed either; yet every
 event's push was built, packed and written to Redis, and Redis ran the script that found no
-member: 30 % of a no-op job's own CPU in one process (bench/README.md, "Pushes only to
-followers"). So a job's events are pushed to its group only while the job is marked followed,
-and status changes to the feed only while the feed is:
+member: 30 % of a no-op job's run in a profile; without them its CPU in one process fell by 40 %
+(bench/README.md, "Pushes only to followers"). So a job's events are pushed to its group only
+while the job is marked followed, and status changes to the feed only while the feed is:
 
 - **A job**: its row's `followed_until`. The web process that serves a stream of the job (a
   websocket, an SSE stream) joins the job's group, then marks the row (`groups_followed_mark`,
@@ -23,16 +23,16 @@ Marks are by the database's clock. One lasts `MARK_SECONDS`; each stream's open,
 process's fan-out at its renewals (every 30 s), write it again once fewer than
 `REMARK_BELOW_SECONDS` remain: a followed job's row is written about once a minute, however many
 streams follow it in however many processes (a statement that finds the mark fresh writes
-nothing and takes no lock). A process that dies leaves its marks to run out: at worst a job's events are
-pushed to nobody for two minutes. A mark that could not be written (the database away) costs the
-stream pushes, not events: its periodic check (`jobs.streams`) reads them within ten seconds.
+nothing and takes no lock). A process that dies leaves its marks to run out: at worst a job's
+events are pushed to nobody for two minutes. A mark that could not be written (the database
+away) costs the stream pushes, not events: its periodic check (`jobs.streams`) reads them within
+ten seconds.
 
 PostgreSQL only: elsewhere nothing is marked and every event is pushed, as before.
 """
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -40,8 +40,6 @@ from typing import Any
 from django.db import connections
 
 from dbkit.per_connection import once_per_connection
-
-logger = logging.getLogger(__name__)
 
 FEED_GROUP = "jobs"  # the channel group of the feed of status changes
 JOB_GROUP_PREFIX = "job."

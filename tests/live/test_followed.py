@@ -252,3 +252,25 @@ def test_a_crowd_that_connects_to_one_job_at_once_marks_it_once_and_other_jobs_d
     elapsed = async_to_sync(scenario)()
     assert sorted(calls) == sorted([job_group(job.pk)] for job in jobs)  # one mark a job
     assert in_flight["most"] == 3 and elapsed < 0.5  # side by side, not one after the other
+
+
+def test_a_server_sent_events_stream_marks_its_job_and_gets_the_next_event_pushed(server):
+    """Through the real ASGI server: the SSE stream follows through the same fan-out, so its job
+    is marked before its first read, and an event written after that comes as a push (the
+    stream's periodic check would take 5 s)."""
+    import httpx
+
+    from tests.live.conftest import token_for
+
+    owner = make_user("olga")
+    job, _ = job_submit(kind="demo.noop", input={}, owner=owner)  # no message sent: it stays pending
+    url = f"{server}/api/jobs/{job.pk}/events/stream/"
+    with httpx.stream("GET", url, headers={"Authorization": f"Token {token_for(owner)}"}, timeout=10) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("id:")) == "id: 1"
+        assert Job.objects.values_list("followed_until", flat=True).get(pk=job.pk) is not None
+        started = time.monotonic()
+        log(job.pk, "after the stream's first read")
+        assert next(line for line in lines if line.startswith("id:")) == "id: 2"
+        assert time.monotonic() - started < 3

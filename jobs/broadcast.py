@@ -401,6 +401,8 @@ def publish(group: str, message: Mapping[str, Any]) -> None:
 
 def publish_all(pushes: list[tuple[str, Mapping[str, Any]]]) -> None:
     """`publish` each (group, message), in order: on the direct path, one write for them all."""
+    if not pushes:
+        return
     try:
         # The group rides along: a server process fans a message out to its local followers by it.
         publisher().send_all([(group, {**message, "group": group}) for group, message in pushes])
@@ -416,18 +418,14 @@ def event_publish(*, job: Job, event: JobEvent) -> None:
     Call it only after the event's transaction committed (`jobs.events.event_record` does so
     with `transaction.on_commit`), so no client ever sees an event that was rolled back.
     """
-    pushes = _event_pushes(job, event)
-    if pushes:
-        publish_all(pushes)
+    publish_all(_event_pushes(job, event))
 
 
 def events_publish(written: list[tuple[Job, JobEvent]]) -> None:
     """`event_publish` each committed (job, event), in order, together: a batch's first events
     (`manage.py submit --count`) go out in a few writes (`DirectPush.max_pushes` pushes each),
     not one per job."""
-    pushes = [push for job, event in written for push in _event_pushes(job, event)]
-    if pushes:
-        publish_all(pushes)
+    publish_all([push for job, event in written for push in _event_pushes(job, event)])
 
 
 def _event_pushes(job: Job, event: JobEvent) -> list[tuple[str, dict[str, Any]]]:

@@ -47,6 +47,10 @@ JOB_GROUP_PREFIX = "job."
 MARK_SECONDS = 120  # how long a mark lasts
 REMARK_BELOW_SECONDS = 90  # a mark with less left is written again; one with more is left as it is
 
+# A new mark's end, and the end below which a mark is written again, as SQL.
+_MARK_UNTIL = f"statement_timestamp() + interval '{MARK_SECONDS} seconds'"
+_MARK_LACKING = f"statement_timestamp() + interval '{REMARK_BELOW_SECONDS} seconds'"
+
 # Both flags true: what a statement that does not read the marks is taken to have found.
 EVERYONE = (True, True)
 
@@ -82,24 +86,17 @@ def groups_followed_mark(groups: Iterable[str], *, wait: bool = True) -> None:
         return
     job_ids = _job_ids(groups)
     quote = connection.ops.quote_name
-    until, mark_lacking = _mark_times()
     with connection.cursor() as cursor:
         if job_ids:
             table, pk, column = quote(Job._meta.db_table), quote(Job._meta.pk.column), quote("followed_until")
-            lacking = f"({column} IS NULL OR {column} < {mark_lacking})"
+            lacking = f"({column} IS NULL OR {column} < {_MARK_LACKING})"
             rows = (f"{pk} = ANY(%s) AND {lacking}" if wait else
                     f"{pk} IN (SELECT {pk} FROM {table} WHERE {pk} = ANY(%s) AND {lacking} FOR UPDATE SKIP LOCKED)")
-            cursor.execute(f"UPDATE {table} SET {column} = {until} WHERE {rows}", [job_ids])
+            cursor.execute(f"UPDATE {table} SET {column} = {_MARK_UNTIL} WHERE {rows}", [job_ids])
         if FEED_GROUP in groups:
             table = quote(FollowedGroup._meta.db_table)
-            cursor.execute(f"INSERT INTO {table} (name, until) VALUES (%s, {until}) ON CONFLICT (name) DO UPDATE "
-                           f"SET until = EXCLUDED.until WHERE {table}.until < {mark_lacking}", [FEED_GROUP])
-
-
-def _mark_times() -> tuple[str, str]:
-    """(a new mark's end, the end below which a mark is written again), as SQL."""
-    return (f"statement_timestamp() + interval '{MARK_SECONDS} seconds'",
-            f"statement_timestamp() + interval '{REMARK_BELOW_SECONDS} seconds'")
+            cursor.execute(f"INSERT INTO {table} (name, until) VALUES (%s, {_MARK_UNTIL}) ON CONFLICT (name) DO UPDATE "
+                           f"SET until = EXCLUDED.until WHERE {table}.until < {_MARK_LACKING}", [FEED_GROUP])
 
 
 def followed_returning(connection) -> str:

@@ -2,6 +2,7 @@
 
 import functools
 import os
+import threading
 import time
 
 from celery import Celery, signals
@@ -25,7 +26,18 @@ app.autodiscover_tasks()
 # of PostgreSQL inside this window fails the next task's first statement instead: the claim is
 # atomic, so the message is retried (jobs.tasks) and the broken connection replaced after it.
 CONNECTION_TRUSTED_SECONDS = 2.0
-_connections_last_used = [float("-inf")]
+
+
+class _TaskConnections(threading.local):
+    """The connections the last task of this thread used, when it ended, and how many tasks ran
+    since they were last recycled (one per thread: a pool's threads each have their own)."""
+
+    used: tuple = ()
+    ended = float("-inf")
+    tasks = 0
+
+
+_task_connections = _TaskConnections()
 
 
 @signals.worker_init.connect
@@ -37,27 +49,81 @@ def _connect_pool_processes_ahead(**kwargs) -> None:
 
     signals.worker_process_init.connect(connect_before_the_first_job, weak=False,
                                         dispatch_uid="jobs.tasks.connect_before_the_first_job")
+    _take_over_the_fixups_task_hooks()
+
+
+def _take_over_the_fixups_task_hooks() -> None:
+    """In a worker, before it forks its pool: the receivers below do the work of the fix-up's
+    `task_prerun` and `task_postrun` receivers (installed by its own `worker_init` receiver, which
+    ran before this one), which are disconnected.
+
+    With CELERY_DB_REUSE_MAX set, the fix-up counts the tasks to close the connections every that
+    many (done after the task here) and closes Django's caches after each task: a walk of the
+    thread's caches whose `close` does nothing for the platform's Redis cache (done here only for
+    a backend that closes something). Those two walks and our own check before each task were
+    about 6 % of a pool process's CPU per no-op job (bench/README.md). With CELERY_DB_REUSE_MAX
+    0 (a new connection per task) the fix-up's receivers stay."""
+    from celery.fixups.django import DjangoFixup
+    from django.conf import settings
+
+    if not settings.CELERY_DB_REUSE_MAX:
+        return
+    for fixup in app._fixups or ():
+        if isinstance(fixup, DjangoFixup):
+            signals.task_prerun.disconnect(fixup.worker_fixup.on_task_prerun)
+            signals.task_postrun.disconnect(fixup.worker_fixup.on_task_postrun)
+
+
+@functools.cache
+def _caches_that_close() -> bool:
+    """Whether a configured cache's backend closes anything when asked (the base class's `close`
+    does nothing; Django's Redis and local-memory caches keep it)."""
+    from django.conf import settings
+    from django.core.cache import caches
+    from django.core.cache.backends.base import BaseCache
+
+    return any(type(caches[alias]).close is not BaseCache.close for alias in settings.CACHES)
 
 
 @signals.task_prerun.connect
 def _connections_before_task(**kwargs) -> None:
-    # With CELERY_DB_REUSE_MAX the fix-up keeps connections; do what Django does around a
-    # request instead: drop a connection that broke or outlived CONN_MAX_AGE.
-    from django.db import close_old_connections, connections
-
-    close_old_connections()
-    if time.monotonic() - _connections_last_used[0] < CONNECTION_TRUSTED_SECONDS:
-        for connection in connections.all(initialized_only=True):
+    # What Django does at the start of a request: drop a connection that broke or outlived
+    # CONN_MAX_AGE. The last task's end did that a moment ago for the connections it used; they
+    # are trusted, with no health check (a round trip) before their first statement.
+    state = _task_connections
+    if time.monotonic() - state.ended < CONNECTION_TRUSTED_SECONDS:
+        for connection in state.used:
             if connection.connection is not None and not connection.errors_occurred:
                 connection.health_check_done = True
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 
 @signals.task_postrun.connect
 def _connections_after_task(**kwargs) -> None:
-    from django.db import close_old_connections
+    # What Django does at the end of a request, and the fix-up's recycling every
+    # CELERY_DB_REUSE_MAX tasks.
+    from django.conf import settings
+    from django.db import connections
 
-    close_old_connections()
-    _connections_last_used[0] = time.monotonic()
+    state = _task_connections
+    used = tuple(connections.all(initialized_only=True))
+    state.tasks += 1
+    if settings.CELERY_DB_REUSE_MAX and state.tasks >= settings.CELERY_DB_REUSE_MAX:
+        state.tasks = 0
+        for connection in used:
+            connection.close()
+    else:
+        for connection in used:
+            connection.close_if_unusable_or_obsolete()
+    if _caches_that_close():
+        from django.core.cache import close_caches
+
+        close_caches()
+    state.used = used
+    state.ended = time.monotonic()
 
 
 @functools.cache

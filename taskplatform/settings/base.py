@@ -362,7 +362,8 @@ JOBS_PLATFORM_QUEUE = "platform"
 # Celery's Django fix-up closes the database connection before and after every task unless
 # this is set: a new PostgreSQL connection per job cost more than the job itself. Connections
 # are still recycled after this many tasks, and Django's own checks (CONN_MAX_AGE, health
-# checks, closing after an error) run around each task (taskplatform/celery.py).
+# checks, closing after an error) run around each task: with it set, the platform's receivers
+# do both in place of the fix-up's (taskplatform/celery.py). 0: a new connection per task.
 # https://docs.celeryq.dev/en/stable/django/first-steps-with-django.html
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 # Beat's scheduler: several `celery beat` may run, the one holding a lease in the database sends

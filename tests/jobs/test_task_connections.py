@@ -1,7 +1,9 @@
 """Around each task (taskplatform/celery.py): a connection that finished a task moments ago is not
 checked again before the next (the check is a round trip to PostgreSQL per job); one idle longer
 is, as Django checks a connection at the start of a request. Run in a process with a worker's
-settings (a persistent, health-checked connection; the test process has the web server's pool)."""
+settings (a persistent, health-checked connection; the test process has the web server's pool).
+In a real worker, those receivers stand in for the per-task ones of Celery's Django fix-up, and
+recycle the connection every CELERY_DB_REUSE_MAX tasks as it did."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import sys
 import pytest
 from django.db import connection
 
-from tests.support.processes import BASE_DIR, child_env
+from jobs.models import Job
+from jobs.services import job_submit
+from tests.support.processes import BASE_DIR, celery_worker, child_env, wait_until
 
 SCRIPT = """
 import django
@@ -30,7 +34,7 @@ with mock.patch.object(type(connection), "is_usable", autospec=True, return_valu
     Job.objects.count()
     back_to_back = checked.call_count
     signals._connections_after_task()
-    signals._connections_last_used[0] -= signals.CONNECTION_TRUSTED_SECONDS + 1
+    signals._task_connections.ended -= signals.CONNECTION_TRUSTED_SECONDS + 1
     signals._connections_before_task()
     Job.objects.count()
     print("checks", back_to_back, checked.call_count - back_to_back)
@@ -44,3 +48,33 @@ def test_a_connection_used_by_the_task_before_is_trusted_and_an_idle_one_is_chec
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-3:] == ["checks", "0", "1"]
+
+
+@pytest.mark.worker
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="workers keep connections only on PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_recycles_its_connection_every_reuse_max_tasks_without_the_fixups_receivers(only_own_workers):
+    worker = celery_worker(name="recycling", concurrency=1, env={"CELERY_DB_REUSE_MAX": "3"}).start()
+    try:
+        states = []
+        for _ in range(7):  # one at a time, so each runs after the last one's end
+            job, _ = job_submit(kind="test.process_state", input={})
+            wait_until(lambda pk=job.pk: Job.objects.filter(pk=pk, status=Job.Status.COMPLETED).exists(), timeout=30,
+                       message=f"job {job.pk} did not complete")
+            states.append(Job.objects.get(pk=job.pk).result)
+    finally:
+        worker.stop()
+    assert len({state["pid"] for state in states}) == 1, "the jobs ran in more than one pool process"
+    # Messages left by earlier tests may run first: count from what each job saw, not from the start.
+    served = [state["tasks_on_connection"] for state in states]
+    assert set(served) == {0, 1, 2}, served
+    for before, after in zip(states, states[1:], strict=False):
+        if after["tasks_on_connection"] == before["tasks_on_connection"] + 1:
+            assert after["backend_pid"] == before["backend_pid"], states  # kept from task to task
+        else:
+            assert after["tasks_on_connection"] == 0, states
+            assert after["backend_pid"] != before["backend_pid"], states  # a new one after three tasks
+    receivers = states[0]["task_prerun"] + states[0]["task_postrun"]
+    assert not any(name.startswith("DjangoWorkerFixup.") for name in receivers), receivers
+    assert "taskplatform.celery._connections_before_task" in states[0]["task_prerun"]
+    assert "taskplatform.celery._connections_after_task" in states[0]["task_postrun"]

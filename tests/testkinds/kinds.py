@@ -402,8 +402,25 @@ def clock(ctx, input):
 
 @job_kind("test.process_state", input_schema={"type": "object"})
 def process_state(ctx, input):
-    """What the pool process running a job was set up with (taskplatform/celery.py, heap.py)."""
+    """What the pool process running a job was set up with (taskplatform/celery.py, heap.py): the
+    garbage collector, the switch interval, the task signals' receivers, and the PostgreSQL
+    backend of the connection the job ran on (None elsewhere) and how many tasks it served before."""
     import gc
+    import os
     import sys
+    import weakref
 
-    return {"frozen": gc.get_freeze_count(), "collecting": gc.isenabled(), "switch_interval": sys.getswitchinterval()}
+    from celery import signals
+    from django.db import connection
+
+    from taskplatform.celery import _task_connections
+
+    def receivers(signal) -> list[str]:
+        live = (r() if isinstance(r, weakref.ReferenceType) else r for _, r in signal.receivers)
+        return sorted(f"{type(getattr(r, '__self__', None)).__name__}.{r.__name__}" if hasattr(r, "__self__")
+                      else f"{r.__module__}.{r.__name__}" for r in live if r is not None)
+
+    backend = connection.connection.info.backend_pid if connection.vendor == "postgresql" else None
+    return {"frozen": gc.get_freeze_count(), "collecting": gc.isenabled(), "switch_interval": sys.getswitchinterval(),
+            "task_prerun": receivers(signals.task_prerun), "task_postrun": receivers(signals.task_postrun),
+            "backend_pid": backend, "pid": os.getpid(), "tasks_on_connection": _task_connections.tasks}

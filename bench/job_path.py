@@ -13,7 +13,10 @@ Each round times, on the same connection to PostgreSQL and Redis, back to back:
 
 It prints each round's CPU per job (this process's, `time.process_time`) and the median round,
 and the Python calls per job of each (cProfile, one counted pass of 200 jobs: a figure the
-machine's speed does not move). The jobs are written before each timed loop, untimed. The
+machine's speed does not move). Then the receivers of Celery's `task_prerun` and `task_postrun`
+around a `jobs.run` task (what a pool process runs before and after each job), as Celery's Django
+fix-up connects them and after the platform's worker took the fix-up's per-task work over
+(`taskplatform.celery`), alternating, CPU per task. The jobs are written before each timed loop, untimed. The
 database's tables are the platform's own (migrated here); the bench's copies are dropped at the
 end. Writes `bench/results/job-path-<UTC timestamp>.json` and `job-path-latest.md`.
 
@@ -95,6 +98,61 @@ def floor_side(dsn: str) -> tuple[Callable[[int], list], Callable[[list], None],
     return make, run, conn
 
 
+SIGNAL_SIDES = ("fix-up's receivers", "taken over")
+
+
+def task_signals(count: int, rounds: int) -> dict[str, Any]:
+    """CPU µs per task of the task signals around a `jobs.run` task, each side a round, alternating."""
+    from celery import signals
+    from celery.fixups.django import DjangoFixup
+    from django.db import connection
+
+    from jobs.tasks import job_run
+    from taskplatform import celery as worker_setup
+
+    app = worker_setup.app
+    fixup = next(f for f in app._fixups or () if isinstance(f, DjangoFixup)).worker_fixup
+    fixup.install()  # as a worker's `worker_init` does
+    task = job_run._get_current_object()  # the task itself, as the worker's tracer sends it
+    args = (str(uuid.uuid4()),)
+    task.push_request(id="bench", args=args, hostname="bench", is_eager=False, shadow="demo.noop")
+    connection.ensure_connection()
+
+    def side(name: str) -> None:
+        if name == SIGNAL_SIDES[0]:
+            signals.task_prerun.connect(fixup.on_task_prerun)
+            signals.task_postrun.connect(fixup.on_task_postrun)
+        else:
+            worker_setup._take_over_the_fixups_task_hooks()
+
+    def around(n: int) -> float:
+        cpu = time.process_time()
+        for _ in range(n):
+            signals.task_prerun.send(sender=task, task_id="bench", task=task, args=args, kwargs={})
+            signals.task_postrun.send(sender=task, task_id="bench", task=task, args=args, kwargs={},
+                                      retval="completed", state="SUCCESS")
+        return (time.process_time() - cpu) / n * 1e6
+
+    per_round = []
+    try:
+        for name in SIGNAL_SIDES:
+            side(name)
+            around(WARMUP)
+        for number in range(1, rounds + 1):
+            row: dict[str, Any] = {"round": number}
+            for name in SIGNAL_SIDES:
+                side(name)
+                row[name] = round(around(count), 2)
+            per_round.append(row)
+            print(f"round {number}: the task signals, µs of CPU per task: "
+                  + ", ".join(f"{name} {row[name]:.1f}" for name in SIGNAL_SIDES), flush=True)
+    finally:
+        task.pop_request()
+    return {"rounds": per_round,
+            "median_us_per_task": {name: round(statistics.median(row[name] for row in per_round), 2)
+                                   for name in SIGNAL_SIDES}}
+
+
 def timed(make: Callable[[int], list], run: Callable[[list], None], count: int) -> dict[str, float]:
     ids = make(count)
     cpu, wall = time.process_time(), time.perf_counter()
@@ -135,7 +193,7 @@ def measure(count: int, rounds: int, dsn: str) -> dict[str, Any]:
     median = {name: round(statistics.median(row[name]["cpu_ms_per_job"] for row in per_round), 4) for name in sides}
     return {"rounds": per_round, "median_cpu_ms_per_job": median,
             "median_ratio": round(statistics.median(row["ratio"] for row in per_round), 2),
-            "python_calls_per_job": calls}
+            "python_calls_per_job": calls, "task_signals": task_signals(count, rounds)}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -158,6 +216,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"Python calls per job: the platform {calls['platform']:,.0f}, the floor {calls['floor']:,.0f}.",
         "",
     ]
+    signals = result.get("task_signals")
+    if signals:
+        lines += ["The task signals around each `jobs.run` task (`task_prerun` and `task_postrun`), CPU µs per task:",
+                  "", "| round | " + " | ".join(SIGNAL_SIDES) + " |", "|---:|---:|---:|"]
+        for row in signals["rounds"]:
+            lines.append(f"| {row['round']} | " + " | ".join(f"{row[name]:.1f}" for name in SIGNAL_SIDES) + " |")
+        median_signals = signals["median_us_per_task"]
+        lines += ["| median | " + " | ".join(f"{median_signals[name]:.1f}" for name in SIGNAL_SIDES) + " |", ""]
     return "\n".join(lines)
 
 

@@ -38,4 +38,7 @@ def test_the_job_path_bench_times_both_sides_and_counts_their_calls():
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass(%s), to_regclass(%s)", [bare_durable.JOBS, bare_durable.EVENTS])
         assert cursor.fetchone() == (None, None)
+    signals = result["task_signals"]
+    assert [row["round"] for row in signals["rounds"]] == [1, 2]
+    assert all(row[side] > 0 for row in signals["rounds"] for side in job_path.SIGNAL_SIDES)
     assert "| median |" in job_path.markdown({**result, "when": "now", "revision": "r", "machine": "m", "count": 12})

@@ -85,11 +85,19 @@ def _caches_that_close() -> bool:
     return any(type(caches[alias]).close is not BaseCache.close for alias in settings.CACHES)
 
 
+def _run_by_its_caller(task) -> bool:
+    """A task run in its caller's thread (`apply()`, always-eager): the caller's connections and
+    transaction are not the task's to check or close (the fix-up leaves them alone too)."""
+    return bool(getattr(getattr(task, "request", None), "is_eager", False))
+
+
 @signals.task_prerun.connect
-def _connections_before_task(**kwargs) -> None:
+def _connections_before_task(sender=None, task=None, **kwargs) -> None:
     # What Django does at the start of a request: drop a connection that broke or outlived
     # CONN_MAX_AGE. The last task's end did that a moment ago for the connections it used; they
     # are trusted, with no health check (a round trip) before their first statement.
+    if _run_by_its_caller(task or sender):
+        return
     state = _task_connections
     if time.monotonic() - state.ended < CONNECTION_TRUSTED_SECONDS:
         for connection in state.used:
@@ -102,9 +110,11 @@ def _connections_before_task(**kwargs) -> None:
 
 
 @signals.task_postrun.connect
-def _connections_after_task(**kwargs) -> None:
+def _connections_after_task(sender=None, task=None, **kwargs) -> None:
     # What Django does at the end of a request, and the fix-up's recycling every
     # CELERY_DB_REUSE_MAX tasks.
+    if _run_by_its_caller(task or sender):
+        return
     from django.conf import settings
     from django.db import connections
 

@@ -78,3 +78,26 @@ def test_a_worker_recycles_its_connection_every_reuse_max_tasks_without_the_fixu
     assert not any(name.startswith("DjangoWorkerFixup.") for name in receivers), receivers
     assert "taskplatform.celery._connections_before_task" in states[0]["task_prerun"]
     assert "taskplatform.celery._connections_after_task" in states[0]["task_postrun"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_run_by_its_caller_leaves_the_callers_connection_and_transaction_alone():
+    """`apply()` runs a task in the caller's thread, inside the caller's transaction here: even on
+    the task that would recycle the connection, the receivers leave it be."""
+    from django.conf import settings
+    from django.db import transaction
+
+    from jobs.tasks import job_run
+    from taskplatform import celery as signals
+
+    before = signals._task_connections.tasks
+    signals._task_connections.tasks = settings.CELERY_DB_REUSE_MAX - 1
+    try:
+        with transaction.atomic():
+            Job.objects.count()
+            raw = connection.connection
+            job_run.apply(args=["00000000-0000-0000-0000-000000000000"])  # no such job: skipped
+            assert connection.connection is raw and connection.in_atomic_block
+            Job.objects.count()
+    finally:
+        signals._task_connections.tasks = before

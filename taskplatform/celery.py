@@ -77,7 +77,7 @@ def _take_over_the_fixups_task_hooks() -> None:
 @functools.cache
 def _caches_that_close() -> bool:
     """Whether a configured cache's backend closes anything when asked (the base class's `close`
-    does nothing; Django's Redis and local-memory caches keep it)."""
+    does nothing, and neither Django's Redis cache nor its local-memory cache overrides it)."""
     from django.conf import settings
     from django.core.cache import caches
     from django.core.cache.backends.base import BaseCache

@@ -13,7 +13,8 @@ Each round times, on the same connection to PostgreSQL and Redis, back to back:
 
 It prints each round's CPU per job (this process's, `time.process_time`) and the median round,
 and the Python calls per job of each (cProfile, one counted pass of 200 jobs: a figure the
-machine's speed does not move). Then the receivers of Celery's `task_prerun` and `task_postrun`
+machine's speed does not move), and, with PostgreSQL on this machine, the CPU each side's backend
+spent per job (from its /proc entry). Then the receivers of Celery's `task_prerun` and `task_postrun`
 around a `jobs.run` task (what a pool process runs before and after each job), as Celery's Django
 fix-up connects them and after the platform's worker took the fix-up's per-task work over
 (`taskplatform.celery`), alternating, CPU per task. The jobs are written before each timed loop, untimed. The
@@ -153,12 +154,31 @@ def task_signals(count: int, rounds: int) -> dict[str, Any]:
                                    for name in SIGNAL_SIDES}}
 
 
-def timed(make: Callable[[int], list], run: Callable[[list], None], count: int) -> dict[str, float]:
+def backend_cpu_seconds(pid: int | None) -> float | None:
+    """The CPU seconds the PostgreSQL backend `pid` has used (its /proc entry: the server on this
+    machine), or None where it cannot be read."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def timed(make: Callable[[int], list], run: Callable[[list], None], count: int,
+          backend: Callable[[], int | None] = lambda: None) -> dict[str, float]:
     ids = make(count)
+    pid = backend()
+    server = backend_cpu_seconds(pid)
     cpu, wall = time.process_time(), time.perf_counter()
     run(ids)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    return {"cpu_ms_per_job": round(cpu / len(ids) * 1000, 4), "wall_ms_per_job": round(wall / len(ids) * 1000, 4)}
+    row = {"cpu_ms_per_job": round(cpu / len(ids) * 1000, 4), "wall_ms_per_job": round(wall / len(ids) * 1000, 4)}
+    after = backend_cpu_seconds(pid)
+    if server is not None and after is not None and backend() == pid:
+        row["postgres_cpu_ms_per_job"] = round((after - server) / len(ids) * 1000, 4)
+    return row
 
 
 def calls_per_job(make: Callable[[int], list], run: Callable[[list], None], count: int) -> float:
@@ -170,15 +190,20 @@ def calls_per_job(make: Callable[[int], list], run: Callable[[list], None], coun
 
 def measure(count: int, rounds: int, dsn: str) -> dict[str, Any]:
     """`rounds` rounds of `count` jobs a side; the bench's tables are dropped at the end."""
+    from django.db import connection
+
     sides = {"platform": platform_side()}
     make, run, conn = floor_side(dsn)
     sides["floor"] = (make, run)
+    # Each side's PostgreSQL backend: the CPU the server spends on its statements.
+    backends = {"platform": lambda: connection.connection.info.backend_pid if connection.connection else None,
+                "floor": lambda: conn.info.backend_pid}
     try:
         for make, run in sides.values():
             run(make(WARMUP))
         per_round = []
         for number in range(1, rounds + 1):
-            row: dict[str, Any] = {name: timed(make, run, count) for name, (make, run) in sides.items()}
+            row: dict[str, Any] = {name: timed(make, run, count, backends[name]) for name, (make, run) in sides.items()}
             row["round"] = number
             row["ratio"] = round(row["platform"]["cpu_ms_per_job"] / row["floor"]["cpu_ms_per_job"], 2)
             per_round.append(row)
@@ -191,7 +216,9 @@ def measure(count: int, rounds: int, dsn: str) -> dict[str, Any]:
         conn.execute(f"DROP TABLE IF EXISTS {bare_durable.EVENTS}, {bare_durable.JOBS}")
         conn.close()
     median = {name: round(statistics.median(row[name]["cpu_ms_per_job"] for row in per_round), 4) for name in sides}
-    return {"rounds": per_round, "median_cpu_ms_per_job": median,
+    server = {name: round(statistics.median(row[name]["postgres_cpu_ms_per_job"] for row in per_round), 4)
+              for name in sides if all("postgres_cpu_ms_per_job" in row[name] for row in per_round)}
+    return {"rounds": per_round, "median_cpu_ms_per_job": median, "median_postgres_cpu_ms_per_job": server,
             "median_ratio": round(statistics.median(row["ratio"] for row in per_round), 2),
             "python_calls_per_job": calls, "task_signals": task_signals(count, rounds)}
 
@@ -216,6 +243,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"Python calls per job: the platform {calls['platform']:,.0f}, the floor {calls['floor']:,.0f}.",
         "",
     ]
+    server = result.get("median_postgres_cpu_ms_per_job") or {}
+    if len(server) == 2:
+        lines += [f"PostgreSQL's CPU per job (each side's backend): the platform {server['platform']:.3f} ms, "
+                  f"the floor {server['floor']:.3f} ms (medians).", ""]
     signals = result.get("task_signals")
     if signals:
         lines += ["The task signals around each `jobs.run` task (`task_prerun` and `task_postrun`), CPU µs per task:",

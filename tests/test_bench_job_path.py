@@ -29,6 +29,10 @@ def test_the_job_path_bench_times_both_sides_and_counts_their_calls():
     for row in result["rounds"]:
         for side in ("platform", "floor"):
             assert row[side]["cpu_ms_per_job"] > 0 and row[side]["wall_ms_per_job"] > 0
+    server = result["median_postgres_cpu_ms_per_job"]
+    assert all(value >= 0 for value in server.values())
+    if connection.settings_dict.get("HOST") in ("127.0.0.1", "localhost", "::1"):  # each side's backend was read
+        assert set(server) == {"platform", "floor"}
     calls = result["python_calls_per_job"]
     assert calls["platform"] > calls["floor"] > 0
     # Every job the platform's side made ran to its end: the one whose statements the floor takes, the

@@ -12,14 +12,14 @@ Each round times, on the same connection to PostgreSQL and Redis, back to back:
    connection of their own over as many jobs on copies of the platform's tables.
 
 It prints each round's CPU per job (this process's, `time.process_time`) and the median round,
-and the Python calls per job of each (cProfile, one counted pass of 200 jobs: a figure the
-machine's speed does not move), and, with PostgreSQL on this machine, the CPU each side's backend
-spent per job (from its /proc entry). Then the receivers of Celery's `task_prerun` and `task_postrun`
-around a `jobs.run` task (what a pool process runs before and after each job), as Celery's Django
-fix-up connects them and after the platform's worker took the fix-up's per-task work over
-(`taskplatform.celery`), alternating, CPU per task. The jobs are written before each timed loop, untimed. The
-database's tables are the platform's own (migrated here); the bench's copies are dropped at the
-end. Writes `bench/results/job-path-<UTC timestamp>.json` and `job-path-latest.md`.
+the Python calls per job of each (cProfile, one counted pass of 200 jobs: a figure the machine's
+speed does not move) and, with PostgreSQL on this machine, the CPU each side's backend spent per
+job (from its /proc entry). Then the receivers of Celery's `task_prerun` and `task_postrun` around
+a `jobs.run` task (what a pool process runs before and after each job), as Celery's Django fix-up
+connects them and after the platform's worker took the fix-up's per-task work over
+(`taskplatform.celery`), alternating: CPU per task. The jobs are written before each timed loop,
+untimed. The database's tables are the platform's own (migrated here); the bench's copies are
+dropped at the end. Writes `bench/results/job-path-<UTC timestamp>.json` and `job-path-latest.md`.
 
 Hot loops run faster than a pool process does (each job there follows an idle wait: see
 bench/README.md, "Whose CPU a job costs"), so compare the two rows with each other, not with the

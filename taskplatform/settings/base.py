@@ -606,6 +606,15 @@ LOGGING = {
 WORKER_TASK_LOG = env.bool("WORKER_TASK_LOG", default=False)
 if not WORKER_TASK_LOG:
     LOGGING["loggers"].update({name: {"level": "WARNING"} for name in ("celery.app.trace", "celery.worker.strategy")})
+# Celery beat's line per pass it sends (`Scheduler: Sending due task …`): with `waits.due` due every
+# second (and the demo's sweep in development), two lines a second, most of what `make run` or a
+# quiet deployment logs. Whether beat is alive is /readyz's scheduler check (its lease's
+# heartbeat); beat's leadership, its errors and the passes' own results are logged whatever this
+# says. BEAT_SEND_LOG=true brings the lines back.
+BEAT_SEND_LOG = env.bool("BEAT_SEND_LOG", default=False)
+if not BEAT_SEND_LOG:
+    LOGGING["filters"]["beat_sends"] = {"()": "ops.logging.BeatSendsFilter"}
+    LOGGING["loggers"]["celery.beat"] = {"filters": ["beat_sends"]}
 
 # --- Operations (ops: /metrics, /readyz, Flower links) -------------------------------------------
 # Bearer token that may read GET /metrics (`Authorization: Bearer ...`); staff may always. Empty:

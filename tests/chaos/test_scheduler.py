@@ -34,6 +34,7 @@ ENV = {
     "JOBS_RECONCILE_INTERVAL": str(INTERVAL),
     "APPROVALS_DEADLINE_INTERVAL": str(INTERVAL),
     "WEBHOOK_SWEEP_INTERVAL": str(INTERVAL),
+    "BEAT_SEND_LOG": "true",  # beat's `Sending due task` lines are read below
 }
 PASS_LINE = re.compile(r"pass (?P<name>\S+) (?P<what>began|ended) at (?P<at>\d+\.\d+)")
 

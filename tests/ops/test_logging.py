@@ -185,3 +185,29 @@ def test_the_event_stream_an_async_view_logs_with_the_job_too(async_client):
         response = async_to_sync(async_client.get)(f"/api/jobs/{job.pk}/events/stream/")  # nobody signed in
     assert response.status_code == 401
     assert f"django.request [demo.noop {job.pk}]: Unauthorized: /api/jobs/{job.pk}/events/stream/" in output.getvalue()
+
+
+# -- beat -----------------------------------------------------------------------------------------
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("send_log", [False, True], ids=["as shipped", "BEAT_SEND_LOG=true"])
+def test_beat_logs_the_passes_it_sends_only_when_asked(only_own_workers, send_log):
+    """As shipped, beat sends its passes (`waits.due` every second) without a line for each; its
+    own lines (it leads) are written. BEAT_SEND_LOG=true brings the lines back."""
+    import redis
+
+    from tests.support.processes import celery_beat
+
+    queue = redis.Redis.from_url(settings.REDIS_URL)
+    key = f"{settings.REDIS_KEY_PREFIX}{settings.JOBS_PLATFORM_QUEUE}"  # no worker takes from it now
+    before = queue.llen(key)
+    beat = celery_beat(name=f"beat-{send_log}", env={"BEAT_SEND_LOG": str(send_log).lower()}).start()
+    try:
+        beat.wait_for_output("leads (epoch", timeout=30)
+        wait_until(lambda: queue.llen(key) >= before + 3, timeout=15,
+                   message=f"beat sent no passes:\n{beat.output[-3000:]}")
+    finally:
+        beat.stop()
+    sends = [line for line in beat.lines if "Sending due task" in line]
+    assert bool(sends) is send_log, sends[:3]
+    assert any("leads (epoch" in line for line in beat.lines)

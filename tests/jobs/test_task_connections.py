@@ -54,6 +54,9 @@ def test_a_connection_used_by_the_task_before_is_trusted_and_an_idle_one_is_chec
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="workers keep connections only on PostgreSQL")
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_recycles_its_connection_every_reuse_max_tasks_without_the_fixups_receivers(only_own_workers):
+    from taskplatform.celery import app
+
+    app.control.purge()  # messages earlier tests left (beat's passes, their jobs) would run in between
     worker = celery_worker(name="recycling", concurrency=1, env={"CELERY_DB_REUSE_MAX": "3"}).start()
     try:
         states = []
@@ -65,15 +68,20 @@ def test_a_worker_recycles_its_connection_every_reuse_max_tasks_without_the_fixu
     finally:
         worker.stop()
     assert len({state["pid"] for state in states}) == 1, "the jobs ran in more than one pool process"
-    # Messages left by earlier tests may run first: count from what each job saw, not from the start.
+    # Each job says how many tasks its connection served before it: never three (it is replaced
+    # after three); a count that went up since the last job means the same connection, one that
+    # did not means a new one (counted from what each job saw, should another task run between).
     served = [state["tasks_on_connection"] for state in states]
-    assert set(served) == {0, 1, 2}, served
+    assert max(served) <= 2, served
+    kept = replaced = 0
     for before, after in zip(states, states[1:], strict=False):
-        if after["tasks_on_connection"] == before["tasks_on_connection"] + 1:
-            assert after["backend_pid"] == before["backend_pid"], states  # kept from task to task
+        if after["tasks_on_connection"] > before["tasks_on_connection"]:
+            assert after["backend_pid"] == before["backend_pid"], states
+            kept += 1
         else:
-            assert after["tasks_on_connection"] == 0, states
-            assert after["backend_pid"] != before["backend_pid"], states  # a new one after three tasks
+            assert after["backend_pid"] != before["backend_pid"], states
+            replaced += 1
+    assert kept and replaced, states
     receivers = states[0]["task_prerun"] + states[0]["task_postrun"]
     assert not any(name.startswith("DjangoWorkerFixup.") for name in receivers), receivers
     assert "taskplatform.celery._connections_before_task" in states[0]["task_prerun"]

@@ -5,15 +5,36 @@ counter, so the bench sees all N done without a result backend."""
 from __future__ import annotations
 
 import os
+import sys
 from functools import cache
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 # Not the current app: the bench process also submits jobs through the platform's app.
 app = Celery("bare", broker=os.environ.get("BARE_CELERY_BROKER", "redis://127.0.0.1:6379/0"), set_as_current=False)
 app.conf.update(task_acks_late=True, worker_prefetch_multiplier=1, task_serializer="json",
                 accept_content=["json"], task_ignore_result=True, worker_hijack_root_logger=False)
+
+
+def refuse_django(baseline: Celery) -> None:
+    """Stop a worker of `baseline` at its start if Django is loaded in it. Celery installs its
+    Django fix-up into every app made while `DJANGO_SETTINGS_MODULE` is set; the fix-up then sets
+    Django up in the worker (the platform's apps, its Celery signal receivers) and runs its own
+    receivers around each task. The bench measures the platform against a worker without them.
+    In the bench's own process (Django set up, no worker of `baseline` started) this does nothing."""
+
+    @signals.worker_init.connect(weak=False)
+    def _bare_or_not_at_all(sender=None, **kwargs) -> None:
+        if getattr(sender, "app", None) is not baseline:
+            return
+        django_apps = sys.modules.get("django.apps")  # kombu imports a piece of Django whenever it is installed
+        if os.environ.get("DJANGO_SETTINGS_MODULE") or (django_apps is not None and django_apps.apps.ready):
+            raise SystemExit(f"bench: the baseline worker of {baseline.main!r} has Django loaded "
+                             "(DJANGO_SETTINGS_MODULE set in its environment): it would not be bare")
+
+
+refuse_django(app)
 
 
 @cache

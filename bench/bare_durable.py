@@ -23,6 +23,8 @@ from unittest import mock
 
 from celery import Celery
 
+from bench.bare_celery import refuse_django
+
 JOBS = "bench_durable_job"
 EVENTS = "bench_durable_event"
 # A pending `demo.noop` job's row and first event as `manage.py submit` writes them: the columns,
@@ -38,6 +40,7 @@ STATEMENTS_ENV = "BENCH_DURABLE_STATEMENTS"
 app = Celery("durable", broker=os.environ.get("BARE_CELERY_BROKER", "redis://127.0.0.1:6379/0"), set_as_current=False)
 app.conf.update(task_acks_late=True, worker_prefetch_multiplier=1, task_serializer="json",
                 accept_content=["json"], task_ignore_result=True, worker_hijack_root_logger=False)
+refuse_django(app)
 
 
 def capture_statements(job_kind: str = "demo.noop") -> dict[str, str]:

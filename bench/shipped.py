@@ -399,8 +399,15 @@ def tree_cpu_seconds(pid: int) -> float:
 def baseline_worker(app: str, queue: str, concurrency: int, redis_url: str,
                     env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """A bare Celery worker of `app` on `queue` (late acks, prefetch 1, as the app sets), stopped
-    with its pool at the end."""
+    with its pool at the end.
+
+    Without `DJANGO_SETTINGS_MODULE`, which the bench sets for itself: Celery installs its Django
+    fix-up into any app made while that is set, and the fix-up sets Django up in the worker, which
+    loads the platform (`taskplatform`'s Celery signal receivers included) and runs the fix-up's and
+    the platform's receivers around every task. A baseline that paid them was not bare
+    (`bench.bare_celery.refuse_django` stops such a worker at its start)."""
     env = {**os.environ, "BARE_CELERY_BROKER": redis_url, "PYTHONPATH": str(BASE_DIR), **(env or {})}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
     worker = subprocess.Popen(
         [str(RUN_BIN / "celery"), "-A", app, "worker", "-l", "WARNING", "-c", str(concurrency),
          "-Q", queue, "--without-mingle", "--without-gossip", "--pool", "prefork"],
@@ -640,14 +647,16 @@ def durable_tables_drop() -> None:
         conn.execute(f"DROP TABLE IF EXISTS {bare_durable.EVENTS}, {bare_durable.JOBS}")
 
 
-def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
+def durable_phase(count: int, concurrency: int, redis_url: str, profile_dir: Path | None = None) -> dict[str, Any]:
     """bare Celery plus the platform's own SQL per job (bench/bare_durable.py), until the bench's
-    copy of the jobs table says all N are completed."""
+    copy of the jobs table says all N are completed. With `profile_dir`, its worker is sampled as
+    the platform's is (`durable_worker.txt`): the two side by side."""
     from bench import bare_durable
 
     with durable_worker(concurrency, redis_url) as (worker, conn, completed):
         vacuumed(conn, bare_durable.JOBS, bare_durable.EVENTS)
         scans = TableScans(conn, bare_durable.JOBS)
+        profile = Profile(None, "durable", max(5.0, count / 600), profile_dir, name="durable_worker", pid=worker.pid)
         since = datetime.now(UTC)
         budget = CpuBudget(worker.pid)
         budget.start()
@@ -663,7 +672,8 @@ def durable_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
         return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
                 "submit_seconds": round(submitted, 3), **drain_figures(count, since, first, last),
                 "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid), "cpu_ms_per_job": cpu_ms,
-                "statements": json.loads(DURABLE_STATEMENTS.read_text()), "scans": scans.stop()}
+                "statements": json.loads(DURABLE_STATEMENTS.read_text()), "scans": scans.stop(),
+                "profile_worker": profile.top()}
 
 
 def drain_figures(count: int, since: datetime, first: datetime | None, last: datetime | None) -> dict[str, Any]:
@@ -1148,7 +1158,7 @@ def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurr
               f"deferred in {peer['submit_seconds']} s, drained at {peer.get('drain_per_second')}/s, worker cpu "
               f"{peer['worker_cpu_seconds_with_start']} s)", flush=True)
     if "durable" in phases:
-        result["durable"] = durable_phase(args.count, worker_concurrency, os.environ["REDIS_URL"])
+        result["durable"] = durable_phase(args.count, worker_concurrency, os.environ["REDIS_URL"], args.profile)
         durable = result["durable"]
         print(f"  bare + SQL    {durable['per_second']:8.1f} jobs/s  (the platform's two statements per job, "
               f"no Django; submitted in {durable['submit_seconds']} s, drained at "

@@ -32,7 +32,7 @@ from django.db.models import Model, QuerySet
 from django.db.models.query import ModelIterable, get_related_populators
 
 from dbkit.per_connection import once_per_connection
-from dbkit.prepared import prepared_cursor
+from dbkit.prepared import prepared_fetch
 
 
 def _as_uuid(value: Any) -> uuid.UUID:
@@ -130,9 +130,7 @@ class KeptRead:
         for value, (places, form) in zip(values, built.slots, strict=True):
             for place in places:
                 params[place] = form(value)
-        with prepared_cursor(connection, built.sql) as cursor:
-            cursor.execute(built.sql, params)
-            fetched = cursor.fetchall()
+        fetched = prepared_fetch(connection, built.sql, params)
         if settings.KEPT_READS_CHECK:
             self._check(values, connection, built.sql, params, fetched)
         converted = built.compiler.results_iter(results=[fetched])

@@ -162,6 +162,42 @@ def prepared_cursor(connection: Any, statement: str | None = None) -> Any:
         return wrapper
 
 
+@async_unsafe
+def prepared_fetch(connection: Any, sql: str, params: Any, *, one: bool = False) -> Any:
+    """Run the one statement `sql` with `params` as a `prepared_cursor(connection, sql)` would,
+    and return its rows (`one`: its first row, or None). The hot paths' way: a job's moves, its
+    submit, the kept reads.
+
+    It does what Django's cursor and its wrapper do around a statement (the health check, the
+    connection opened if need be, the thread's check, a broken transaction refused, psycopg's errors
+    as Django's) on the connection's kept psycopg cursor itself, without making a wrapper for it:
+    the wrapper's methods, its `with` block and the lending cost a move about a tenth of its
+    instructions (`bench/README.md`, "The statement without its wrapper"). When Django is to see
+    the statement (DEBUG or a test capturing queries: `queries_logged`; an `execute_wrapper`
+    installed), or the cursor kept for `sql` is lent to a block running now, it goes the way of
+    `prepared_cursor`, wrapper and all."""
+    kept = connection.__dict__.get(KEPT)
+    cursor = None
+    if kept is not None and not (connection.queries_logged or connection.execute_wrappers or sql in kept.lent):
+        # What `prepared_cursor` checks first: the connection usable (the health check may close
+        # it), open, and the kept cursors made for it, in its time zone, as prepared as the setting says.
+        connection.close_if_health_check_failed()
+        connection.ensure_connection()
+        if (kept.raw is connection.connection and kept.timezone == connection.timezone
+                and getattr(settings, "DATABASE_PREPARED_STATEMENTS", True)):
+            cursor = kept.cursors.get(sql)
+    if cursor is None:
+        with prepared_cursor(connection, sql) as wrapped:
+            wrapped.execute(sql, params)
+            return wrapped.fetchone() if one else wrapped.fetchall()
+    # Then what Django's cursor and its `CursorWrapper.execute` check, in their order.
+    with connection.wrap_database_errors:
+        connection.validate_thread_sharing()
+        connection.validate_no_broken_transaction()
+        cursor.execute(sql, params, prepare=True)
+        return cursor.fetchone() if one else cursor.fetchall()
+
+
 def _forget_idle(kept: _Kept) -> None:
     """Close the kept cursors no block holds (their statements stay prepared on the connection)."""
     for key in [key for key in kept.cursors if key not in kept.lent]:

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from dbkit.instances import instance_from_row
 from dbkit.per_connection import once_per_connection
-from dbkit.prepared import prepared_cursor
+from dbkit.prepared import prepared_cursor, prepared_fetch
 from dbkit.values import comparable, prepared_checked, save_preparer
 from jobs.broadcast import event_publish, events_publish
 from jobs.clock import db_now
@@ -120,9 +120,14 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
         sql = statements.get(insert_sql)
         if sql is None:
             sql = statements[insert_sql] = _with_first_events(connection, insert_sql, returned)
-    with prepared_cursor(connection, sql if kept is not None else None) as cursor:
-        cursor.execute(sql, [*insert_params, *_event_params(events[0], _FIRST_EVENT_TAIL, connection)])
-        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    params = [*insert_params, *_event_params(events[0], _FIRST_EVENT_TAIL, connection)]
+    if kept is not None:
+        fetched = prepared_fetch(connection, sql, params)
+    else:  # a batch's text, whose length changes with the batch: not kept under its own text
+        with prepared_cursor(connection) as cursor:
+            cursor.execute(sql, params)
+            fetched = cursor.fetchall()
+    rows = {row[0]: row[1:] for row in fetched}
     for job, event in zip(jobs, events, strict=True):
         *values, event_id, feed = rows[job.pk]  # a uuid column, read as the UUID the job holds
         # Nobody can follow a job before it is committed: its first event goes to the feed alone.

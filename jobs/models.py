@@ -18,7 +18,7 @@ from django.db.models.sql import UpdateQuery
 
 from dbkit.instances import instance_from_row
 from dbkit.per_connection import once_per_connection
-from dbkit.prepared import prepared_cursor
+from dbkit.prepared import prepared_fetch
 from jobs.followed import EVERYONE, followed_returning
 from jobs.presenters import event_text
 from jobs.timestamps import iso_utc
@@ -83,9 +83,7 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
         insert_sql, insert_params = then_insert
         params = [*params, *insert_params]
     sql = _returning_statement(update_sql, insert_sql, columns)
-    with prepared_cursor(connection, sql) as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
+    row = prepared_fetch(connection, sql, params, one=True)
     if row is None:
         return None
     inserted_id = row[-1] if then_insert is not None else None

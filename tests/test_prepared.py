@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from accounts.models import ApiToken
 from accounts.services import api_token_create
 from dbkit.kept import KeptRead
-from dbkit.prepared import prepared_cursor, prepares
+from dbkit.prepared import prepared_cursor, prepared_fetch, prepares
 from jobs.services import job_claim, job_complete, job_submit
 
 pytestmark = [
@@ -197,13 +197,13 @@ def test_a_moves_whole_statement_is_the_same_string_each_time(monkeypatch):
     is one object from one claim to the next."""
     seen = []
     first, second = _pending(2, monkeypatch)
-    real = prepared_cursor
+    real = prepared_fetch
 
-    def recording(conn, statement=None):
+    def recording(conn, statement, params, **kwargs):
         seen.append(statement)
-        return real(conn, statement)
+        return real(conn, statement, params, **kwargs)
 
-    monkeypatch.setattr("jobs.models.prepared_cursor", recording)
+    monkeypatch.setattr("jobs.models.prepared_fetch", recording)
     job_claim(job_id=first.pk, worker="w1 pid 1", task_id="t-1")
     job_claim(job_id=second.pk, worker="w1 pid 1", task_id="t-2")
     assert len(seen) == 2 and seen[0] is seen[1] and seen[0].startswith("WITH j AS (UPDATE")
@@ -212,15 +212,112 @@ def test_a_moves_whole_statement_is_the_same_string_each_time(monkeypatch):
 def test_one_jobs_submit_is_the_same_string_each_time(monkeypatch):
     monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
     seen = []
-    real = prepared_cursor
+    real = prepared_fetch
 
-    def recording(conn, statement=None):
+    def recording(conn, statement, params, **kwargs):
         seen.append(statement)
-        return real(conn, statement)
+        return real(conn, statement, params, **kwargs)
 
-    monkeypatch.setattr("jobs.events.prepared_cursor", recording)
+    monkeypatch.setattr("jobs.events.prepared_fetch", recording)
     first, _ = job_submit(kind="demo.noop", input={})
     second, _ = job_submit(kind="demo.noop", input={})
     assert len(seen) == 2 and seen[0] is seen[1] and seen[0].startswith("WITH j AS (INSERT")
     second.refresh_from_db()
     assert first.pk != second.pk and second.status == "pending"
+
+
+# `prepared_fetch`: the kept cursor run without Django's wrapper, and Django's checks kept.
+
+STATEMENT = "SELECT %s::int + 1"
+
+
+def _fast_path_only(monkeypatch) -> None:
+    """From here on, a statement that would go through `prepared_cursor` (the wrapper) fails."""
+    def refused(*args, **kwargs):
+        raise AssertionError("went through prepared_cursor")
+
+    monkeypatch.setattr("dbkit.prepared.prepared_cursor", refused)
+
+
+def test_a_statement_run_again_goes_on_its_kept_cursor_without_a_wrapper(monkeypatch):
+    assert prepared_fetch(connection, STATEMENT, [1], one=True) == (2,)  # the first: made and kept
+    kept = connection.__dict__["_taskplatform_prepared_cursor"].cursors[STATEMENT]
+    _fast_path_only(monkeypatch)
+    assert prepared_fetch(connection, STATEMENT, [2], one=True) == (3,)
+    assert prepared_fetch(connection, STATEMENT, [3]) == [(4,)]
+    assert connection.__dict__["_taskplatform_prepared_cursor"].cursors[STATEMENT] is kept
+    assert any(text.startswith("SELECT $1::int + 1") for text in _prepared())
+
+
+def test_its_errors_are_djangos_and_a_broken_transaction_is_refused(monkeypatch):
+    from django.db import DataError, transaction
+    from django.db.transaction import TransactionManagementError
+
+    divide = "SELECT 1 / %s::int"
+    assert prepared_fetch(connection, divide, [1], one=True) == (1,)
+    _fast_path_only(monkeypatch)
+    with transaction.atomic():
+        with pytest.raises(DataError), transaction.atomic(savepoint=False):
+            prepared_fetch(connection, divide, [0], one=True)  # psycopg's DivisionByZero, as Django's cursor raises it
+        with pytest.raises(TransactionManagementError):  # the block is broken: nothing more runs in it
+            prepared_fetch(connection, divide, [1], one=True)
+    assert prepared_fetch(connection, divide, [1], one=True) == (1,)
+
+
+def test_django_sees_it_when_it_logs_or_wraps_statements():
+    assert prepared_fetch(connection, STATEMENT, [1], one=True) == (2,)
+    with CaptureQueriesContext(connection) as captured:
+        assert prepared_fetch(connection, STATEMENT, [41], one=True) == (42,)
+    assert [query["sql"] for query in captured.captured_queries] == ["SELECT 41::int + 1"]
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        assert prepared_fetch(connection, STATEMENT, [5], one=True) == (6,)
+    assert seen == [(STATEMENT, [5])]
+
+
+def test_inside_a_block_holding_its_cursor_it_gets_a_cursor_of_its_own():
+    assert prepared_fetch(connection, "SELECT generate_series(1, %s)", [1]) == [(1,)]
+    with prepared_cursor(connection, "SELECT generate_series(1, %s)") as outer:
+        outer.execute("SELECT generate_series(1, %s)", [3])
+        assert outer.fetchone() == (1,)
+        assert prepared_fetch(connection, "SELECT generate_series(1, %s)", [2]) == [(1,), (2,)]
+        assert outer.fetchall() == [(2,), (3,)]  # the outer block's rows were not lost
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_the_health_check_closes_is_replaced_and_its_cursor_made_again(settings):
+    assert prepared_fetch(connection, STATEMENT, [1], one=True) == (2,)
+    old = connection.connection
+    connection.health_check_enabled, connection.health_check_done = True, False
+    old.close()  # what the server dropping it looks like to the check
+    try:
+        assert prepared_fetch(connection, STATEMENT, [2], one=True) == (3,)
+    finally:
+        connection.health_check_enabled = False
+    assert connection.connection is not old
+    assert connection.__dict__["_taskplatform_prepared_cursor"].raw is connection.connection
+
+
+def test_from_another_thread_it_is_refused_as_djangos_cursor_refuses(monkeypatch):
+    import threading
+
+    from django.db import DatabaseError, connections
+
+    shared, raised = connections["default"], []  # this thread's connection, used from another
+    assert prepared_fetch(shared, STATEMENT, [1], one=True) == (2,)  # its cursor kept
+
+    def use() -> None:
+        try:
+            prepared_fetch(shared, STATEMENT, [1], one=True)
+        except DatabaseError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=use)
+    thread.start()
+    thread.join()
+    assert raised and "thread" in str(raised[0]), raised

@@ -4,8 +4,9 @@
 
 1. the caller must see the job (`jobs.selectors`), else the socket is closed with 4403; a user
    over the cap of live streams is refused with 4429 (`jobs.streams`);
-2. the consumer joins the job's group and marks the job followed FIRST (`jobs.followed`: a
-   move pushes only while it is marked), then reads the job: the snapshot's `last_seq` N;
+2. the consumer joins the job's group and marks the job followed (`jobs.followed`: a move
+   pushes only while it is marked), only for a caller admitted in step 1, then reads the job:
+   the snapshot's `last_seq` N;
    every event numbered above N is committed after that read, so written by a move that found
    the mark and published after the join, so it reaches this consumer (or, if its push is lost,
    the gap check below finds it);
@@ -231,15 +232,19 @@ class JobEventsConsumer(LiveConsumer):
         except ValueError:
             await self.refuse(REFUSED, "no such job")
             return
-        # Join (and mark the job followed) before reading the job, so no event committed after the
-        # read can be missed.
-        await self.follow(job_group(job_pk))
-        job = await _visible_job(user, job_pk)
-        if job is None:
-            self.end(REFUSED, "no such job, or you may not see it")
+        # Who may follow the job is settled before anything is written for it: a caller who may
+        # not see it, or who is over the cap of live streams, marks nothing (`jobs.followed`).
+        if await _visible_job(user, job_pk) is None:
+            await self.refuse(REFUSED, "no such job, or you may not see it")
             return
         if not await self.admit():
-            self._unfollow()
+            return
+        # Join (and mark the job followed) before the snapshot's read, so no event committed after
+        # that read can be missed.
+        await self.follow(job_group(job_pk))
+        job = await _visible_job(user, job_pk)
+        if job is None:  # no longer visible (deleted, access taken away) in between
+            self.end(REFUSED, "no such job, or you may not see it")
             return
         self.job_pk = job.pk
         self.finished = job.is_finished

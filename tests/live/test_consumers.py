@@ -19,7 +19,7 @@ from jobs.broadcast import publisher
 from jobs.consumers import JobEventsConsumer
 from jobs.events import event_append
 from jobs.followed import job_group
-from jobs.models import JobEvent
+from jobs.models import Job, JobEvent
 from jobs.services import job_cancel, job_submit
 from jobs.streams import LiveStreams
 from taskplatform.asgi import application
@@ -220,6 +220,26 @@ def test_callers_who_may_not_see_the_job_are_refused_with_4403():
         await database_sync_to_async(log)(job, "secret")
 
     run(scenario)
+    # Nor did any of them mark the job followed: its events are pushed to nobody.
+    assert Job.objects.values_list("followed_until", flat=True).get(pk=job.pk) is None
+
+
+def test_a_caller_over_the_cap_of_live_streams_marks_nothing(settings):
+    owner = make_user("olga")
+    followed, other = submit(owner), submit(owner)
+    cookie = session_cookie(owner)
+    settings.LIVE_STREAMS_PER_USER = 1
+
+    async def scenario():
+        first = await open_socket(f"/ws/jobs/{followed.pk}/", cookie=cookie)
+        assert (await receive(first))["type"] == "snapshot"
+        refused = await open_socket(f"/ws/jobs/{other.pk}/", cookie=cookie)
+        await assert_closed_with(refused, 4429)
+        await first.disconnect()
+
+    run(scenario)
+    marks = dict(Job.objects.filter(pk__in=[followed.pk, other.pk]).values_list("pk", "followed_until"))
+    assert marks[followed.pk] is not None and marks[other.pk] is None
 
 
 def test_a_bad_ticket_is_refused_even_with_a_valid_session():

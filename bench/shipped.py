@@ -1417,8 +1417,8 @@ def main() -> int:
     parser.add_argument("--scale", action="store_true",
                         help="also throughput at 1, 2, 4 worker processes and the API at 1, 2, 4 web processes")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                        help="sample the worker (platform phase) and the web server (API phase) with py-spy; "
-                             "collapsed stacks in DIR, the top frames in the results")
+                        help="sample the worker (platform phase; the floor's in its phase) and the web server "
+                             "(API phase) with py-spy; collapsed stacks in DIR, the top frames in the results")
     parser.add_argument("--profile-wall", action="store_true",
                         help="with --profile: sample every thread, idle ones included (where the time goes, "
                              "not only the CPU)")

@@ -171,11 +171,11 @@ def prepared_fetch(connection: Any, sql: str, params: Any, *, one: bool = False)
     It does what Django's cursor and its wrapper do around a statement (the health check, the
     connection opened if need be, the thread's check, a broken transaction refused, psycopg's errors
     as Django's) on the connection's kept psycopg cursor itself, without making a wrapper for it:
-    the wrapper's methods, its `with` block and the lending cost a move about a tenth of its
-    instructions (`bench/README.md`, "The statement without its wrapper"). When Django is to see
-    the statement (DEBUG or a test capturing queries: `queries_logged`; an `execute_wrapper`
-    installed), or the cursor kept for `sql` is lent to a block running now, it goes the way of
-    `prepared_cursor`, wrapper and all."""
+    the wrapper's methods, its `with` block and the lending were 5.6 % of a no-op job's
+    instructions (`bench/README.md`, "Bare baselines, and a statement without its wrapper"). When
+    Django is to see the statement (DEBUG or a test capturing queries: `queries_logged`; an
+    `execute_wrapper` installed), or the cursor kept for `sql` is lent to a block running now, it
+    goes the way of `prepared_cursor`, wrapper and all."""
     kept = connection.__dict__.get(KEPT)
     cursor = None
     if kept is not None and not (connection.queries_logged or connection.execute_wrappers or sql in kept.lent):

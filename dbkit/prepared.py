@@ -27,6 +27,10 @@ that alternated a job's claim and its outcome did so for every statement (`bench
 cursor per statement"). Pass the same string object each time: an equal but different string
 runs as well, only without that saving.
 
+`prepared_fetch(connection, statement, params)` runs one named statement and returns its rows:
+on the kept cursor itself, with Django's checks but without its wrapper, unless Django is to see
+the statement (the hot paths use it).
+
 Only for PostgreSQL with psycopg 3; anything else gets `connection.cursor()`.
 """
 

@@ -179,10 +179,12 @@ def prepared_fetch(connection: Any, sql: str, params: Any, *, one: bool = False)
     instructions (`bench/README.md`, "Bare baselines, and a statement without its wrapper"). When
     Django is to see the statement (DEBUG or a test capturing queries: `queries_logged`; an
     `execute_wrapper` installed), or the cursor kept for `sql` is lent to a block running now, it
-    goes the way of `prepared_cursor`, wrapper and all."""
+    goes the way of `prepared_cursor`, wrapper and all; so it does when a tool patched Django's
+    `CursorWrapper.execute` to trace statements."""
     kept = connection.__dict__.get(KEPT)
     cursor = None
-    if kept is not None and not (connection.queries_logged or connection.execute_wrappers or sql in kept.lent):
+    if kept is not None and not (connection.queries_logged or connection.execute_wrappers or sql in kept.lent
+                                 or not _djangos_own_execute()):
         # What `prepared_cursor` checks first: the connection usable (the health check may close
         # it), open, and the kept cursors made for it, in its time zone, as prepared as the setting says.
         connection.close_if_health_check_failed()
@@ -200,6 +202,22 @@ def prepared_fetch(connection: Any, sql: str, params: Any, *, one: bool = False)
         connection.validate_no_broken_transaction()
         cursor.execute(sql, params, prepare=True)
         return cursor.fetchone() if one else cursor.fetchall()
+
+
+# Django's `CursorWrapper.execute` as `prepared_fetch` last found it, and whether it was Django's own.
+_execute_seen: tuple[Any, bool] = (None, False)
+
+
+def _djangos_own_execute() -> bool:
+    """Is `CursorWrapper.execute` still Django's? A tool that traces SQL by patching it (an APM's
+    Django integration) is to see the hot statements too: `prepared_fetch` then takes the wrapper."""
+    global _execute_seen
+    from django.db.backends.utils import CursorWrapper
+
+    execute = CursorWrapper.execute
+    if execute is not _execute_seen[0]:
+        _execute_seen = (execute, getattr(execute, "__module__", None) == "django.db.backends.utils")
+    return _execute_seen[1]
 
 
 def _forget_idle(kept: _Kept) -> None:

@@ -280,6 +280,25 @@ def test_django_sees_it_when_it_logs_or_wraps_statements():
     assert seen == [(STATEMENT, [5])]
 
 
+def test_a_tool_that_patched_djangos_cursor_wrapper_still_sees_the_statement(monkeypatch):
+    """An APM's Django integration traces SQL by replacing `CursorWrapper.execute`."""
+    from django.db.backends.utils import CursorWrapper
+
+    assert prepared_fetch(connection, STATEMENT, [1], one=True) == (2,)
+    seen, djangos = [], CursorWrapper.execute
+
+    def traced(self, sql, params=None):
+        seen.append(sql)
+        return djangos(self, sql, params)
+
+    monkeypatch.setattr(CursorWrapper, "execute", traced)
+    assert prepared_fetch(connection, STATEMENT, [2], one=True) == (3,)
+    assert seen == [STATEMENT]
+    monkeypatch.undo()
+    assert prepared_fetch(connection, STATEMENT, [3], one=True) == (4,)
+    assert seen == [STATEMENT]  # Django's own again: the kept cursor, no wrapper
+
+
 def test_inside_a_block_holding_its_cursor_it_gets_a_cursor_of_its_own():
     assert prepared_fetch(connection, "SELECT generate_series(1, %s)", [1]) == [(1,)]
     with prepared_cursor(connection, "SELECT generate_series(1, %s)") as outer:

@@ -39,12 +39,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.db.backends.utils import CursorWrapper
 from django.utils.asyncio import async_unsafe
 
 
 def _classes() -> tuple[Any, Any]:
     from django.db.backends.postgresql.base import CursorDebugWrapper, ServerBindingCursor
-    from django.db.backends.utils import CursorWrapper
 
     class PreparedCursor(ServerBindingCursor):
         """Server-side binding, and each statement prepared the first time this connection runs it."""
@@ -212,8 +212,6 @@ def _djangos_own_execute() -> bool:
     """Is `CursorWrapper.execute` still Django's? A tool that traces SQL by patching it (an APM's
     Django integration) is to see the hot statements too: `prepared_fetch` then takes the wrapper."""
     global _execute_seen
-    from django.db.backends.utils import CursorWrapper
-
     execute = CursorWrapper.execute
     if execute is not _execute_seen[0]:
         _execute_seen = (execute, getattr(execute, "__module__", None) == "django.db.backends.utils")

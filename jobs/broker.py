@@ -5,15 +5,24 @@ a lost message and never a slow one.
   JOBS_DISPATCH_MARK_TTL): a job with a mark has a message on its way; one without had its
   message lost (never published: a crash between the commit and the publish; or gone with the
   broker's data). The marks live and die with the messages they vouch for.
-- **Message count.** The `jobs.run` messages waiting in the job queues plus those delivered to a
-  worker and not acknowledged: the reconciler never lets it grow past the jobs that need one.
-- **Stranded deliveries.** A message a worker took and never acknowledged stays in the broker's
-  `unacked` hash until Redis's visibility timeout (more than an hour) gives it back. When the
-  worker was killed before it claimed the job, the job is `pending` with a valid mark: the
-  reconciler notes when it first saw each such delivery (by Redis's clock, so no host's clock
-  matters) and treats one still held a grace later as lost. A worker killed between taking a
-  message from the queue and recording it as delivered loses it outright: with no message
-  queued, a marked job whose message no worker holds has lost it too.
+- **Message count.** The `jobs.run` messages waiting in the job queues plus those the workers hold:
+  the reconciler never lets it grow past the jobs that need one.
+- **Held messages.** Celery's Redis transport runs without its acknowledgement emulation (the
+  `unacked` hash, a MULTI/EXEC at each delivery and each ack: a sixth of a job's CPU, bench/README.md):
+  a message a worker took is gone from Redis. Each worker's main process instead publishes which
+  jobs' messages it holds (running, reserved, or waiting on its timer for a countdown) under its own
+  field of one hash, when that changes and at least every few seconds (`held_publish`, from
+  `jobs.tasks`), with Redis's time. The field of a worker that stopped publishing for
+  JOBS_HELD_STALE_AFTER seconds (killed, its host lost) names the messages that died with it: the
+  reconciler sends those jobs again at once, when still `pending` (`dispatch_stranded`). A worker
+  shutting down cleanly gives its unstarted messages back to the queue (kombu) and removes its
+  field. A message taken and not yet published (the first JOBS_HELD_PUBLISH_INTERVAL of its hold,
+  before a live worker claims its job in a few milliseconds) is covered by the rule below and by
+  its mark's expiry. A job whose message a live worker has held unclaimed for more than the
+  dispatch grace (a due countdown behind busy pool processes) is sent once more, so that another
+  worker may start it.
+- **Lost on the way.** With no message queued at all, a marked job whose message no worker holds
+  has lost it (a worker killed between taking it and publishing it).
 - **The broker's epoch.** A key that only the reconciler writes: when it is gone, Redis lost its
   data (restarted empty, flushed), so every pending job's message is gone too and is re-sent at
   once rather than after the dispatch grace. Redis's `run_id` is kept in it for the logs.
@@ -31,7 +40,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from celery import signals
@@ -179,8 +188,8 @@ def job_queues() -> list[str]:
 
 def job_messages(*, delivered: bool = True) -> int:
     """`jobs.run` messages in the broker: waiting in the job queues (every priority step), plus
-    (with `delivered`) those delivered to a worker and not yet acknowledged (running, reserved,
-    or held for a countdown)."""
+    (with `delivered`) those the live workers hold (running, reserved, or held for a countdown),
+    as they last published them."""
     options = _options()
     prefix = _prefix()
     steps = options.get("priority_steps", RedisChannel.priority_steps)
@@ -190,58 +199,121 @@ def job_messages(*, delivered: bool = True) -> int:
             for step in steps:
                 pipe.llen(f"{prefix}{name}{sep}{step}" if step else f"{prefix}{name}")
         if delivered:
-            pipe.hvals(_unacked_key())
+            pipe.hgetall(held_key())
+            pipe.time()
         results = pipe.execute()
     if not delivered:
         return sum(results)
-    *lengths, unacked = results
-    taken = sum(_held_job(raw) is not None for raw in unacked)  # a few per worker process
-    return sum(lengths) + taken
+    *lengths, records, (seconds, micros) = results
+    return sum(lengths) + _live_count(records, now=seconds + micros / 1e6)
 
 
-def _unacked_key() -> str:
-    return f"{_prefix()}{_options().get('unacked_key', RedisChannel.unacked_key)}"
+# --- What each worker holds ---------------------------------------------------------------------
+
+def held_key() -> str:
+    return f"{_prefix()}jobs:held"
 
 
-def _held_job(raw: bytes) -> str | None:
-    """The job id of an unacknowledged delivery, if it is a `jobs.run` message."""
+# HSET field ARGV[1] of KEYS[1] to {"jobs": ARGV[2] (a JSON list), "at": Redis's time}: one round trip.
+_HELD_PUBLISH = """
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], ARGV[1], string.format('{"at": %d.%06d, "jobs": %s}', now[1], now[2], ARGV[2]))
+"""
+
+
+def held_publish(holder: str, job_ids: Iterable[str]) -> bool:
+    """Record that the worker process `holder` (a name of its own: its node name, pid and start)
+    holds the messages of `job_ids` now; False when Redis did not take it (tried again at the next
+    tick)."""
     try:
-        message = json.loads(raw)[0]
-        if message["headers"]["task"] != "jobs.run":
-            return None
-        body = message["body"]
-        if message.get("properties", {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        return str(json.loads(body)[0][0])
-    except (ValueError, KeyError, IndexError, TypeError):
-        return None
+        _client().eval(_HELD_PUBLISH, 1, held_key(), holder, json.dumps(sorted(job_ids)))
+    except redis.RedisError as exc:
+        logger.warning("could not publish the messages %s holds: %s", holder, exc)
+        return False
+    return True
 
 
-def dispatch_stranded(*, after: float) -> tuple[set[str], set[str]]:
-    """The jobs whose `jobs.run` message a worker holds unacknowledged now, and among them those
-    held for more than `after` seconds, counted from the first pass that saw it held (Redis's
-    clock).
+def held_forget(*holders: str) -> None:
+    """Remove `holders`' records: a worker shutting down cleanly (its unstarted messages are back
+    in the queue), or a dead one whose messages the reconciler sent again."""
+    if not holders:
+        return
+    try:
+        _client().hdel(held_key(), *holders)
+    except redis.RedisError as exc:
+        logger.warning("could not remove the held messages of %s: %s", ", ".join(holders), exc)
+
+
+class Holding(NamedTuple):
+    holder: str
+    jobs: frozenset[str]
+    live: bool  # published within JOBS_HELD_STALE_AFTER
+
+
+def _holdings(records: dict[bytes, bytes], *, now: float) -> list[Holding]:
+    stale_after = settings.JOBS_HELD_STALE_AFTER
+    holdings = []
+    for raw_holder, raw in records.items():
+        holder = raw_holder.decode()
+        try:
+            record = json.loads(raw)
+            jobs, at = frozenset(str(job_id) for job_id in record["jobs"]), float(record["at"])
+        except (ValueError, KeyError, TypeError):
+            logger.warning("unreadable record of held messages for %s: dropped", holder)
+            jobs, at = frozenset(), float("-inf")
+        holdings.append(Holding(holder, jobs, now - at <= stale_after))
+    return holdings
+
+
+def _live_count(records: dict[bytes, bytes], *, now: float) -> int:
+    return sum(len(holding.jobs) for holding in _holdings(records, now=now) if holding.live)
+
+
+def held_messages() -> int:
+    """`jobs.run` messages the live workers hold (running, reserved, or held for a countdown), as
+    they last published them."""
+    with _client().pipeline(transaction=False) as pipe:
+        pipe.hgetall(held_key())
+        pipe.time()
+        records, (seconds, micros) = pipe.execute()
+    return _live_count(records, now=seconds + micros / 1e6)
+
+
+class Held(NamedTuple):
+    """What `dispatch_stranded` found."""
+
+    held: set[str]  # jobs whose message a live worker holds
+    stranded: set[str]  # among them, those held unclaimed for longer than `after`
+    orphaned: set[str]  # jobs whose message a dead worker held (and no live one holds)
+    dead: list[str]  # the holders that stopped publishing: `held_forget` them once their jobs are sent
+
+
+def dispatch_stranded(*, after: float) -> Held:
+    """The jobs whose `jobs.run` message a live worker holds now, and among them those held for
+    more than `after` seconds, counted from the first pass that saw them held (Redis's clock); and
+    the jobs whose message a dead worker held (it stopped publishing: `held_publish`), with the
+    dead holders.
 
     A live worker claims a job the moment its message arrives, so a `pending` job whose message
-    has been held that long was taken by a worker that died before the claim (kill -9, a lost
-    host). Its dispatch mark is still there and the broker gives the message back only after the
-    visibility timeout: the reconciler sends the job again instead (the old message, if ever
-    given back, finds the job taken and is dropped). A job whose message a busy worker holds
-    with a due countdown is sent once more too, which only lets another worker start it.
+    has been held that long waits behind busy pool processes (a due countdown): it is sent once
+    more, which only lets another worker start it (the old message finds the job taken and is
+    dropped). A dead worker's messages are gone with it: the broker never gives them back.
 
     Call it from one place at a time (the reconciler's pass holds its lock)."""
     client = _client()
-    seen_key = f"{_prefix()}jobs:unacked-seen"
+    seen_key = f"{_prefix()}jobs:held-seen"
     with client.pipeline(transaction=False) as pipe:
-        pipe.hgetall(_unacked_key())
+        pipe.hgetall(held_key())
         pipe.hgetall(seen_key)
         pipe.time()
-        unacked, seen_raw, (seconds, micros) = pipe.execute()
+        records, seen_raw, (seconds, micros) = pipe.execute()
     now = seconds + micros / 1e6
-    held = {tag: job_id for tag, raw in unacked.items() if (job_id := _held_job(raw)) is not None}
-    seen = {tag: float(value) for tag, value in seen_raw.items()}
-    new = {tag: now for tag in held if tag not in seen}
-    gone = [tag for tag in seen if tag not in held]
+    holdings = _holdings(records, now=now)
+    held = {job_id for holding in holdings if holding.live for job_id in holding.jobs}
+    dead = [holding for holding in holdings if not holding.live]
+    seen = {job_id.decode(): float(value) for job_id, value in seen_raw.items()}
+    new = {job_id: now for job_id in held if job_id not in seen}
+    gone = [job_id for job_id in seen if job_id not in held]
     if new or gone:
         with client.pipeline(transaction=False) as pipe:
             if new:
@@ -249,8 +321,9 @@ def dispatch_stranded(*, after: float) -> tuple[set[str], set[str]]:
             if gone:
                 pipe.hdel(seen_key, *gone)
             pipe.execute()
-    stranded = {job_id for tag, job_id in held.items() if tag in seen and now - seen[tag] > after}
-    return set(held.values()), stranded
+    stranded = {job_id for job_id in held if job_id in seen and now - seen[job_id] > after}
+    orphaned = {job_id for holding in dead for job_id in holding.jobs} - held
+    return Held(held, stranded, orphaned, [holding.holder for holding in dead])
 
 
 def broker_lost_its_data() -> bool:

@@ -2,18 +2,28 @@
 
 import logging
 import os
+import time
+import uuid
+from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
 from celery import Task, shared_task
 from celery.exceptions import Terminated, WorkerLostError
-from celery.signals import worker_process_init, worker_process_shutdown, worker_ready, worker_shutting_down
+from celery.signals import (
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
+from celery.worker import state as worker_state
 from celery.worker.request import Request
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from jobs import leases
 from jobs.broadcast import flush_pending, publisher
-from jobs.broker import dispatch_forget
+from jobs.broker import dispatch_forget, held_forget, held_publish
 from jobs.leases import drain_mark
 from jobs.periodic import PeriodicPassTask
 from jobs.runner import job_execute
@@ -119,6 +129,72 @@ def _start_draining(sender, **kwargs) -> None:
 def _stop_draining(sender, **kwargs) -> None:
     """A worker that starts again under the same name takes jobs as usual."""
     drain_mark(str(getattr(sender, "hostname", sender)), draining=False)
+
+
+def held_job_ids(timer: Any) -> set[str]:
+    """In a worker's main process: the jobs whose `jobs.run` message (a `JobRunRequest`, whatever
+    its shadow name) it holds, running or reserved
+    (`reserved_requests` counts the running ones too) or waiting on its timer for their countdown
+    (the timer's entries whose first argument is a request, as `celery inspect scheduled` reads
+    them)."""
+    ids = {str(request.args[0]) for request in list(worker_state.reserved_requests)
+           if isinstance(request, JobRunRequest) and request.args}
+    queue = getattr(timer, "_queue", None)  # kombu's timer, the worker's with its event loop
+    for item in list(timer.schedule.queue if queue is None else queue):
+        entry = item.entry
+        args = entry.args
+        if not entry.canceled and args and isinstance(args[0], JobRunRequest) and args[0].args:
+            ids.add(str(args[0].args[0]))
+    return ids
+
+
+class HeldPublisher:
+    """Publishes what a worker's main process holds (`jobs.broker.held_publish`): at each tick
+    when it changed, and at least every third of JOBS_HELD_STALE_AFTER so the worker stays live.
+    One Redis round trip a tick at most, whatever the number of messages: none per message."""
+
+    def __init__(self, holder: str, timer: Any) -> None:
+        self.holder = holder
+        self.timer = timer
+        self.published: set[str] | None = None
+        self.published_at = float("-inf")
+
+    def tick(self) -> None:
+        try:
+            ids = held_job_ids(self.timer)
+        except Exception:  # never let this break the worker's event loop
+            logger.exception("could not list the messages this worker holds")
+            return
+        now = time.monotonic()
+        if ids == self.published and now - self.published_at < settings.JOBS_HELD_STALE_AFTER / 3:
+            return
+        if held_publish(self.holder, ids):
+            self.published, self.published_at = ids, now
+
+
+_held_publishers: list[HeldPublisher] = []
+
+
+@worker_ready.connect
+def _held_publishing_begins(sender, **kwargs) -> None:
+    """In the worker's main process, once it consumes: publish what it holds on its own timer.
+    The holder's name is its node name, pid and a random part: a worker restarted under the same
+    name does not overwrite what its killed predecessor held."""
+    timer = getattr(sender, "timer", None)
+    if timer is None:
+        return
+    holder = f"{sender.hostname}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+    publisher = HeldPublisher(holder, timer)
+    _held_publishers.append(publisher)
+    publisher.tick()
+    timer.call_repeatedly(settings.JOBS_HELD_PUBLISH_INTERVAL, publisher.tick)
+
+
+@worker_shutdown.connect
+def _held_publishing_ends(sender=None, **kwargs) -> None:
+    """A clean shutdown: kombu gave the unstarted messages back to the queue, nothing is held."""
+    held_forget(*(publisher.holder for publisher in _held_publishers))
+    _held_publishers.clear()
 
 
 @worker_process_init.connect

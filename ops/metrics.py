@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFami
 from prometheus_client.registry import Collector
 
 from approvals.models import Question
+from jobs.broker import held_messages
 from jobs.models import Job, JobEvent
 from jobs.registry import kinds_all
 from ops.scheduler import scheduler_seen
@@ -198,8 +199,9 @@ def queue_names(workers: Iterable[WorkerSeen] = ()) -> list[str]:
 
 
 def queue_depths(names: Sequence[str]) -> tuple[dict[str, int], int]:
-    """Messages waiting in each Celery queue of the broker, and messages delivered to a worker
-    and not yet acknowledged (running or reserved: tasks are acknowledged late).
+    """Messages waiting in each Celery queue of the broker, and the job messages the live workers
+    hold (running, reserved, or waiting for a countdown: `jobs.broker.held_messages`; the broker
+    keeps no copy of a delivered message).
 
     Kombu's Redis transport keeps a queue as a list under the broker's `global_keyprefix`, one
     list per priority step (`jobs`, `jobs\\x06\\x163`, …); a queue's depth is their sum.
@@ -212,10 +214,9 @@ def queue_depths(names: Sequence[str]) -> tuple[dict[str, int], int]:
         for name in names:
             for step in steps:
                 pipe.llen(f"{prefix}{name}{sep}{step}" if step else f"{prefix}{name}")
-        pipe.hlen(f"{prefix}{options.get('unacked_key', RedisChannel.unacked_key)}")
         lengths = pipe.execute()
     depths = {name: sum(lengths[index * len(steps):(index + 1) * len(steps)]) for index, name in enumerate(names)}
-    return depths, lengths[-1]
+    return depths, held_messages()
 
 
 # -- the collector -----------------------------------------------------------------------------------
@@ -374,7 +375,8 @@ class PlatformCollector(Collector):
         yield depth
         yield consumers
         yield GaugeMetricFamily(_name("broker_unacked_messages"),
-                                "Messages delivered to workers and not yet acknowledged (running or reserved).",
+                                "Job messages delivered to live workers and not yet acknowledged (running, "
+                                "reserved, or waiting for a countdown).",
                                 value=unacked)
         heartbeat = GaugeMetricFamily(_name("worker_heartbeat_timestamp_seconds"),
                                       "When each worker last wrote its heartbeat (Unix time).", labels=["worker"])

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from dbkit.statistics import tables_analyze_if_grown
-from jobs.broker import broker_lost_its_data, dispatch_marked, dispatch_stranded, job_messages
+from jobs.broker import Held, broker_lost_its_data, dispatch_marked, dispatch_stranded, held_forget, job_messages
 from jobs.clock import db_now, db_now_plus
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
@@ -32,14 +32,15 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
     publish, the broker down at the time), or one the broker lost with its data (Redis restarted
     empty). A job pending for `grace` seconds whose dispatch is not marked in the broker
     (`jobs.broker`) is re-sent; one whose message still waits behind busy workers is left alone,
-    so a long queue never grows by itself. A mark does not cover a message that a worker took and
-    died holding before it claimed the job (`dispatch_stranded`): such a job is re-sent a grace
-    after the pass that first saw it held, not when the broker's visibility timeout ends; and
-    when no message is queued at all, a marked job whose message no worker holds has lost it
-    (a worker killed between taking it from the queue and recording it). When
+    so a long queue never grows by itself. A mark does not cover a message that a worker took
+    and died holding (`dispatch_stranded`): the broker never gives it back, so such a job is re-sent
+    as soon as its worker is seen dead (it stopped publishing what it holds), without the grace;
+    one that a live worker has held unclaimed for a grace is re-sent too (another worker may start
+    it); and when no message is queued at all, a marked job whose message no worker holds has
+    lost it (a worker killed between taking it from the queue and publishing it). When
     the broker has lost its data (its epoch key is gone), every pending job's message is gone:
     they are re-sent at once, without the grace.
-    Either way no more are sent than the queue is short of (pending jobs that may run now, less
+    Apart from a dead worker's, no more are sent than the queue is short of (pending jobs that may run now, less
     the `jobs.run` messages waiting in the queues): with at least as many waiting, a re-sent
     message would only queue behind them, so it waits until they drain. Returns how many were
     sent. Times are the database's (`jobs.clock`), as the jobs' `updated_at` are written with it.
@@ -54,18 +55,19 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
         Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
         status=Status.PENDING,
     )
+    holding = Held(set(), set(), set(), []) if lost_everything else dispatch_stranded(after=grace)
+    sent = orphans_sent = _redispatch_held_by_the_dead(holding, now=now) if holding.dead else 0
     queued = job_messages(delivered=False)
     short = ready.count() - queued
     if short <= 0:
-        return 0  # as many messages wait as jobs could run: slow, not lost (or behind them anyway)
+        return sent  # as many messages wait as jobs could run: slow, not lost (or behind them anyway)
     candidates = Job.objects.filter(status=Status.PENDING, updated_at__lt=cutoff)
     if not lost_everything:  # a job in its back-off has a delayed message: judged once it is due
         candidates = candidates.filter(Q(run_after__isnull=True) | Q(run_after__lt=cutoff))
     candidates = candidates.order_by("updated_at", "pk").only("pk", "kind", "updated_at", "run_after").annotate(
         now=now)
-    held, stranded = (set(), set()) if lost_everything else dispatch_stranded(after=grace)
-    sent = 0
-    budget = min(short, limit)
+    held, stranded = holding.held, holding.stranded
+    budget = min(short, limit) + sent
     after: tuple | None = None
     while sent < budget:
         chunk = candidates if after is None else candidates.filter(
@@ -78,17 +80,38 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
         for job in chunk:
             if job.pk in marked and str(job.pk) not in stranded and (queued or str(job.pk) in held):
                 continue  # on its way: queued behind others, or held by a live worker
-            # Touch the row first (only if nobody else did), so two reconcilers never both send.
-            if Job.objects.filter(pk=job.pk, status=Status.PENDING, updated_at=job.updated_at).update(updated_at=now):
-                due_in = (job.run_after - job.now).total_seconds() if job.run_after else 0
-                delay = due_in if due_in > 0 else None
-                transitions.job_dispatch(job=job, countdown=delay)
+            if _dispatch_if_untouched(job, now=now):
                 sent += 1
                 if sent >= budget:
                     break
-    if sent:
-        logger.warning("re-dispatched %d pending job(s) whose message was lost", sent)
+    if sent > orphans_sent:
+        logger.warning("re-dispatched %d pending job(s) whose message was lost", sent - orphans_sent)
     return sent
+
+
+def _redispatch_held_by_the_dead(holding: Held, *, now: Any) -> int:
+    """Send again the pending jobs whose message a dead worker held (`holding.dead`), then forget
+    those workers' records. A job due later (its back-off) gets a message with the countdown left."""
+    sent = 0
+    jobs = Job.objects.filter(pk__in=holding.orphaned, status=Status.PENDING).only(
+        "pk", "kind", "updated_at", "run_after").annotate(now=now)
+    for job in jobs:
+        if _dispatch_if_untouched(job, now=now):
+            sent += 1
+    held_forget(*holding.dead)
+    if sent:
+        logger.warning("re-dispatched %d pending job(s) whose message died with its worker", sent)
+    return sent
+
+
+def _dispatch_if_untouched(job: Job, *, now: Any) -> bool:
+    """Send `job` again unless someone moved it since it was read: the row is touched first (only
+    if nobody else did), so two reconcilers never both send."""
+    if not Job.objects.filter(pk=job.pk, status=Status.PENDING, updated_at=job.updated_at).update(updated_at=now):
+        return False
+    due_in = (job.run_after - job.now).total_seconds() if job.run_after else 0
+    transitions.job_dispatch(job=job, countdown=due_in if due_in > 0 else None)
+    return True
 
 
 def jobs_recover_expired_leases(*, limit: int = 500) -> int:

@@ -251,9 +251,15 @@ JOBS_DISPATCH_GRACE = env.float("JOBS_DISPATCH_GRACE", default=30.0)
 # How long the broker vouches for a dispatched message (its mark expires after this many
 # seconds): past it a job still pending may be sent once more.
 # A message that a worker took and died holding before it claimed its job is not covered by
-# the mark: it is sent again a grace after the reconciler first sees it held.
+# the mark: it is sent again once the worker is seen dead (JOBS_HELD_STALE_AFTER, below).
 JOBS_DISPATCH_MARK_TTL = env.float("JOBS_DISPATCH_MARK_TTL", default=3600.0)
 JOBS_RECONCILE_INTERVAL = env.float("JOBS_RECONCILE_INTERVAL", default=10.0)
+# Each worker publishes which jobs' messages it holds (running, reserved, waiting for a countdown)
+# when that changes, checked every JOBS_HELD_PUBLISH_INTERVAL seconds, and at least every third of
+# JOBS_HELD_STALE_AFTER. A worker silent for JOBS_HELD_STALE_AFTER is taken for dead: the
+# reconciler's next pass sends its pending jobs again (jobs/broker.py, "Held messages").
+JOBS_HELD_PUBLISH_INTERVAL = env.float("JOBS_HELD_PUBLISH_INTERVAL", default=1.0)
+JOBS_HELD_STALE_AFTER = env.float("JOBS_HELD_STALE_AFTER", default=15.0)
 # Hard ceiling on one run of a job; a kind may ask for less.
 JOBS_TIME_LIMIT = env.int("JOBS_TIME_LIMIT", default=3600)
 # Check every move statement kept by `jobs.statements` against the ORM's (text and parameters):
@@ -316,12 +322,18 @@ CELERY_TASK_SEND_SENT_EVENT = WORKER_TASK_EVENTS
 # hard limit kills the process if the job ignores it.
 CELERY_TASK_SOFT_TIME_LIMIT = JOBS_TIME_LIMIT
 CELERY_TASK_TIME_LIMIT = JOBS_TIME_LIMIT + 60
-# Redis re-delivers an unacknowledged message after the visibility timeout. With late acks a
-# job still running at that point would be delivered a second time, so the timeout must be
-# above the longest time limit. Long waits are due times in the database, never ETA messages.
+# No acknowledgement emulation: kombu's Redis transport would keep every delivered message in an
+# `unacked` hash (a MULTI/EXEC at each delivery and at each ack, about a sixth of a job's CPU:
+# bench/README.md, "Celery's late-ack bookkeeping") to give it back after the visibility timeout
+# (an hour and more) when its worker dies. The database covers that faster: a claimed job's lease,
+# and for a message taken and not yet claimed, the messages each worker publishes as held
+# (jobs/broker.py, JOBS_HELD_*). A worker shutting down cleanly still gives its unstarted messages
+# back to the queue, and one whose pool process dies requeues that run's message
+# (`task_reject_on_worker_lost`): both are kombu's, with or without the emulation. Long waits are
+# due times in the database, never ETA messages.
 # https://docs.celeryq.dev/en/stable/getting-started/backends-and-brokers/redis.html#visibility-timeout
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": CELERY_TASK_TIME_LIMIT + 600,
+    "ack_emulation": False,
     "global_keyprefix": REDIS_KEY_PREFIX,
     **broker_transport_options_for(REDIS_URL),  # the master's name, with Sentinels
     # A Redis that stops answering (a broken route, a host cut off) fails a publish in seconds

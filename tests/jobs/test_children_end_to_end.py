@@ -23,8 +23,9 @@ pytestmark = [pytest.mark.worker, pytest.mark.chaos, pytest.mark.django_db(trans
 
 S = Job.Status
 # A dispatch grace longer than the queue takes to drain: a shorter one re-sends every queued child.
-# A message that the killed worker took and held without claiming its child is sent again a grace
-# after the reconciler first sees it held (jobs.broker.dispatch_stranded), not after its mark's hour.
+# A message that the killed worker took and held without claiming its child is sent again once the
+# reconciler sees the worker dead (it stopped publishing what it holds: jobs.broker), not after its
+# mark's hour.
 ENV = {"JOBS_LEASE_SECONDS": "2", "JOBS_RECONCILE_INTERVAL": "0.5", "JOBS_DISPATCH_GRACE": "15"}
 NOOP, ASK = 190, 10
 

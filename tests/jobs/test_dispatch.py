@@ -4,9 +4,9 @@ its back-off ends, and a broker that lost its data gets every pending job's mess
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
-import sys
 import time
 from datetime import timedelta
 from unittest import mock
@@ -16,11 +16,11 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.broker import mark_key
+from jobs.broker import held_key, held_messages, mark_key
 from jobs.models import Job
 from jobs.runner import job_execute
-from jobs.services import job_submit, jobs_redispatch_stale, jobs_submit_many
-from tests.support.processes import ManagedProcess, celery_worker, child_env, wait_until
+from jobs.services import job_submit, jobs_redispatch_stale, jobs_submit_many, transitions
+from tests.support.processes import celery_worker, wait_until
 
 S = Job.Status
 
@@ -30,16 +30,11 @@ def broker() -> redis.Redis:
 
 
 def job_messages() -> int:
-    """`jobs.run` messages in the broker: waiting in the `jobs` queue, or delivered to a worker and
-    not yet acknowledged."""
-    prefix = settings.REDIS_KEY_PREFIX
-    client = broker()
-    try:
-        waiting = client.llen(f"{prefix}jobs")
-        unacked = [json.loads(raw)[0] for raw in client.hvals(f"{prefix}unacked")]
-    finally:
-        client.close()
-    return waiting + sum(1 for message in unacked if message["headers"]["task"] == "jobs.run")
+    """`jobs.run` messages in the broker: waiting in the `jobs` queue, or held by a live worker (as
+    it last published what it holds)."""
+    from jobs import broker as broker_module
+
+    return broker_module.job_messages()
 
 
 def forget_every_message() -> None:
@@ -115,48 +110,96 @@ def test_a_broker_that_lost_its_data_gets_every_pending_message_at_once(django_c
     assert {call.kwargs["job"].pk for call in dispatch.call_args_list} == {job.pk for job in jobs}
 
 
-# A consumer that takes one `jobs.run` message and holds it unacknowledged, as a worker does
-# between receiving a message and claiming its job; the test kills it there with SIGKILL.
-TAKE_AND_HOLD = """
-import django, time
-django.setup()
-from taskplatform.celery import app
-with app.connection_for_read() as connection:
-    queue = connection.SimpleQueue("jobs", no_ack=False)
-    message = queue.get(block=True, timeout=20)
-    print("holding", message.headers["task"], flush=True)
-    time.sleep(600)
-"""
+def held_by_workers() -> dict[str, list[str]]:
+    """What each worker process last published as held: {holder: [job ids]}."""
+    client = broker()
+    try:
+        return {holder.decode(): json.loads(raw)["jobs"] for holder, raw in client.hgetall(held_key()).items()}
+    finally:
+        client.close()
+
+
+def queued_runs_of(job_id) -> list[str | None]:
+    """The `jobs.run` messages for `job_id` waiting in the `jobs` queue: the ETA of each."""
+    client = broker()
+    try:
+        messages = [json.loads(raw) for raw in client.lrange(f"{settings.REDIS_KEY_PREFIX}jobs", 0, -1)]
+    finally:
+        client.close()
+    return [message["headers"].get("eta") for message in messages if message["headers"]["task"] == "jobs.run"
+            and json.loads(base64.b64decode(message["body"]))[0] == [str(job_id)]]
 
 
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
-def test_a_message_held_by_a_killed_worker_is_sent_again_after_the_grace_not_the_visibility_timeout(
-    only_own_workers, settings
-):
+def test_a_message_held_by_a_killed_worker_is_sent_again_once_the_worker_is_seen_dead(only_own_workers, settings):
+    """The broker keeps nothing of a message a worker took (no acknowledgement emulation): a
+    worker killed while it holds one (here a back-off's countdown, on its timer) took it along.
+    It had published that it held it; once it stops publishing, the reconciler sends the job
+    again, with the countdown left, even while other messages are queued."""
     grace = settings.JOBS_DISPATCH_GRACE = 1.0
+    settings.JOBS_HELD_STALE_AFTER = 2.0
     forget_every_message()
     jobs_redispatch_stale(grace=grace)  # the broker is known: no "lost its data" pass below
-    holder = ManagedProcess("holder", [sys.executable, "-c", TAKE_AND_HOLD], child_env(),
-                            ready_marker="holding jobs.run")
-    worker = None
+    job, _ = job_submit(kind="demo.noop", input={})  # committed: its message and mark go out
+    client = broker()
+    worker = celery_worker(name="holder", concurrency=1)
     try:
-        job, _ = job_submit(kind="demo.noop", input={})  # committed: its message and mark go out
-        holder.start(timeout=30)
-        holder.kill()  # died with the message taken and the job not claimed
-        assert job_messages() == 1  # the message is in the broker's unacked hash, with its mark
-        Job.objects.filter(pk=job.pk).update(updated_at=timezone.now() - timedelta(seconds=5))
-        assert jobs_redispatch_stale(grace=grace) == 0  # first seen held: not yet judged
-        time.sleep(grace + 0.2)
-        assert jobs_redispatch_stale(grace=grace) == 1  # held past the grace: sent again
+        client.delete(f"{settings.REDIS_KEY_PREFIX}jobs")
+        # The job is in its back-off, its message held by the worker until it is due.
+        Job.objects.filter(pk=job.pk).update(run_after=timezone.now() + timedelta(seconds=120))
+        transitions.job_dispatch(job=Job.objects.get(pk=job.pk), countdown=120)
+        worker.start()
+        wait_until(lambda: [str(job.pk)] in held_by_workers().values(), timeout=30,
+                   message="the worker did not publish the countdown message it holds")
+        assert queued_runs_of(job.pk) == []
+        assert held_messages() == 1  # what /metrics reports as delivered and not acknowledged
+        # Due by the database, nothing queued, but held by a live worker: on its way, not lost.
+        Job.objects.filter(pk=job.pk).update(updated_at=timezone.now() - timedelta(seconds=5),
+                                             run_after=timezone.now() - timedelta(seconds=5))
+        assert jobs_redispatch_stale(grace=grace) == 0
+        Job.objects.filter(pk=job.pk).update(run_after=timezone.now() + timedelta(seconds=120))
+        worker.kill()  # died holding it; the broker has no copy
+        other, _ = job_submit(kind="demo.noop", input={})  # queued: the queue is not empty
+        assert jobs_redispatch_stale(grace=grace) == 0  # not yet seen dead
+        time.sleep(settings.JOBS_HELD_STALE_AFTER + 0.2)
+        assert jobs_redispatch_stale(grace=grace) == 1  # its worker is dead: sent again at once
         assert jobs_redispatch_stale(grace=grace) == 0  # once
-        worker = celery_worker(name="after", concurrency=1).start()
-        wait_until(lambda: Job.objects.get(pk=job.pk).status == S.COMPLETED, timeout=30,
-                   message="the job whose message the killed worker held did not complete")
+        assert held_by_workers() == {} and held_messages() == 0  # the dead worker's record is gone
+        assert len(queued_runs_of(other.pk)) == 1
+        resent = queued_runs_of(job.pk)
+        assert len(resent) == 1 and resent[0], resent  # with the countdown left
     finally:
-        holder.kill()
-        if worker:
-            worker.kill()
+        worker.kill()
+        client.close()
+        forget_every_message()
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_shuts_down_cleanly_gives_its_held_messages_back(only_own_workers, settings):
+    """A warm shutdown puts the messages a worker held and had not started back in the queue
+    (kombu's, without acknowledgement emulation too) and removes its record: nothing to resend."""
+    settings.JOBS_DISPATCH_GRACE = 1.0
+    forget_every_message()
+    jobs_redispatch_stale(grace=1.0)
+    job, _ = job_submit(kind="demo.noop", input={})
+    client = broker()
+    worker = celery_worker(name="clean", concurrency=1)
+    try:
+        client.delete(f"{settings.REDIS_KEY_PREFIX}jobs")
+        Job.objects.filter(pk=job.pk).update(run_after=timezone.now() + timedelta(seconds=120))
+        transitions.job_dispatch(job=Job.objects.get(pk=job.pk), countdown=120)
+        worker.start()
+        wait_until(lambda: [str(job.pk)] in held_by_workers().values(), timeout=30,
+                   message="the worker did not publish the countdown message it holds")
+        worker.stop()
+        assert held_by_workers() == {}
+        back = queued_runs_of(job.pk)
+        assert len(back) == 1 and back[0], back
+    finally:
+        worker.kill()
+        client.close()
         forget_every_message()
 
 

@@ -13,8 +13,18 @@ from celery import Celery, signals
 
 # Not the current app: the bench process also submits jobs through the platform's app.
 app = Celery("bare", broker=os.environ.get("BARE_CELERY_BROKER", "redis://127.0.0.1:6379/0"), set_as_current=False)
+
+
+def transport_options() -> dict[str, bool]:
+    """kombu's acknowledgement emulation on Redis (its `unacked` hash: a MULTI/EXEC at each delivery
+    and each ack) is Celery's default, and on unless BARE_ACK_EMULATION=off. The platform ships
+    without it; the bench's floor (bare + SQL) runs without it too."""
+    return {"ack_emulation": os.environ.get("BARE_ACK_EMULATION", "on") != "off"}
+
+
 app.conf.update(task_acks_late=True, worker_prefetch_multiplier=1, task_serializer="json",
-                accept_content=["json"], task_ignore_result=True, worker_hijack_root_logger=False)
+                accept_content=["json"], task_ignore_result=True, worker_hijack_root_logger=False,
+                broker_transport_options=transport_options())
 
 
 def refuse_django(baseline: Celery) -> None:

@@ -6,7 +6,9 @@ each an UPDATE with its event's INSERT in one statement), taken verbatim from th
 start of the run (`capture_statements`), on copies of the platform's tables (`jobs_job` and
 `jobs_jobevent`, with their indexes and the event's foreign key). The jobs are submitted the way
 `manage.py submit --count` does it: a transaction per 500 with the jobs' rows and their first
-events, then one message each. The worker has bare Celery's settings (late acks, prefetch 1).
+events, then one message each. The worker has bare Celery's settings (late acks, prefetch 1) and,
+as the platform ships since 2026-12-05, no acknowledgement emulation (bench/shipped.py sets
+BARE_ACK_EMULATION=off for it).
 
 So the gap between bare Celery and this is what Celery + PostgreSQL + Redis cost for a job that
 survives a crash; the gap between this and the platform is the platform's own code.
@@ -23,7 +25,7 @@ from unittest import mock
 
 from celery import Celery
 
-from bench.bare_celery import refuse_django
+from bench.bare_celery import refuse_django, transport_options
 
 JOBS = "bench_durable_job"
 EVENTS = "bench_durable_event"
@@ -39,7 +41,8 @@ STATEMENTS_ENV = "BENCH_DURABLE_STATEMENTS"
 
 app = Celery("durable", broker=os.environ.get("BARE_CELERY_BROKER", "redis://127.0.0.1:6379/0"), set_as_current=False)
 app.conf.update(task_acks_late=True, worker_prefetch_multiplier=1, task_serializer="json",
-                accept_content=["json"], task_ignore_result=True, worker_hijack_root_logger=False)
+                accept_content=["json"], task_ignore_result=True, worker_hijack_root_logger=False,
+                broker_transport_options=transport_options())
 refuse_django(app)
 
 

@@ -419,11 +419,13 @@ def baseline_worker(app: str, queue: str, concurrency: int, redis_url: str,
         worker.wait(timeout=30)
 
 
-def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
-    """N no-op tasks of a plain Celery app, on a worker with the platform worker's settings."""
+def bare_phase(count: int, concurrency: int, redis_url: str, ack_emulation: str = "on") -> dict[str, Any]:
+    """N no-op tasks of a plain Celery app, on a worker with the platform worker's settings, with
+    kombu's acknowledgement emulation as Celery has it by default (`ack_emulation` "on") or not."""
     import redis
 
-    with baseline_worker("bench.bare_celery", "bare", concurrency, redis_url) as worker:
+    env = {"BARE_ACK_EMULATION": ack_emulation}
+    with baseline_worker("bench.bare_celery", "bare", concurrency, redis_url, env) as worker:
         from bench import bare_celery
 
         bare_celery.app.conf.broker_url = redis_url
@@ -443,7 +445,7 @@ def bare_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any]:
         client.delete(key, key + ":warm")
         return {"count": count, "seconds": round(seconds, 3), "per_second": round(count / seconds, 1),
                 "enqueue_seconds": round(enqueued, 3), "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid),
-                "cpu_ms_per_job": cpu_ms}
+                "cpu_ms_per_job": cpu_ms, "ack_emulation": ack_emulation}
 
 
 def vacuumed(conn: Any, *tables: str) -> None:
@@ -593,7 +595,8 @@ def durable_worker(concurrency: int, redis_url: str) -> Iterator[tuple[subproces
     conn = psycopg.connect(dsn, autocommit=True)
     if conn.execute("SELECT to_regclass(%s)", [bare_durable.JOBS]).fetchone()[0] is None:
         bare_durable.create_tables(conn)
-    env = {bare_durable.STATEMENTS_ENV: str(DURABLE_STATEMENTS), "BENCH_DURABLE_DSN": dsn}
+    # The platform's transport: no acknowledgement emulation (taskplatform/settings/base.py).
+    env = {bare_durable.STATEMENTS_ENV: str(DURABLE_STATEMENTS), "BENCH_DURABLE_DSN": dsn, "BARE_ACK_EMULATION": "off"}
     try:
         with baseline_worker("bench.bare_durable", "durable", concurrency, redis_url, env) as worker:
             bare_durable.app.conf.broker_url = redis_url
@@ -1152,9 +1155,10 @@ def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurr
     if args.rounds > 1:
         print(f"  round {index + 1} of {args.rounds}", flush=True)
     if "bare" in phases:
-        result["bare"] = bare_phase(args.count, worker_concurrency, os.environ["REDIS_URL"])
+        result["bare"] = bare_phase(args.count, worker_concurrency, os.environ["REDIS_URL"], args.bare_ack_emulation)
         print(f"  bare Celery   {result['bare']['per_second']:8.1f} tasks/s  (worker cpu "
-              f"{result['bare']['worker_cpu_seconds_with_start']} s)", flush=True)
+              f"{result['bare']['worker_cpu_seconds_with_start']} s; ack emulation {args.bare_ack_emulation})",
+              flush=True)
     if "peer" in phases:
         result["peer"] = peer_phase(args.count, worker_concurrency, peer_database_url())
         peer = result["peer"]
@@ -1429,6 +1433,9 @@ def main() -> int:
     parser.add_argument("--venv", choices=("run", "current"), default="run",
                         help="run: the measured processes run from a virtualenv of exactly what `make run` installs "
                              "(made under var/ by the Makefile's target); current: from this interpreter's")
+    parser.add_argument("--bare-ack-emulation", choices=("on", "off"), default="on",
+                        help="kombu's acknowledgement emulation in the bare Celery baseline: on, Celery's default "
+                             "(the issue's baseline), or off, as the platform and the floor run")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     Profile.wall = args.profile_wall

@@ -16,7 +16,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.broker import held_key, held_messages, mark_key
+from jobs.broker import held_key, held_messages, held_publish, mark_key
 from jobs.models import Job
 from jobs.runner import job_execute
 from jobs.services import job_submit, jobs_redispatch_stale, jobs_submit_many, transitions
@@ -171,6 +171,32 @@ def test_a_message_held_by_a_killed_worker_is_sent_again_once_the_worker_is_seen
         assert len(resent) == 1 and resent[0], resent  # with the countdown left
     finally:
         worker.kill()
+        client.close()
+        forget_every_message()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_a_live_worker_holds_unclaimed_past_the_grace_is_sent_once_more(settings):
+    """A live worker claims a job as soon as it runs its message; one it holds unclaimed for a
+    grace (a due countdown behind busy pool processes) is sent once more, so another worker may
+    start it."""
+    grace = settings.JOBS_DISPATCH_GRACE = 1.0
+    forget_every_message()
+    jobs_redispatch_stale(grace=grace)
+    job, _ = job_submit(kind="demo.noop", input={})
+    client = broker()
+    try:
+        client.delete(f"{settings.REDIS_KEY_PREFIX}jobs")  # taken by a worker that holds it
+        held_publish("busy@host/1/0", [str(job.pk)])
+        Job.objects.filter(pk=job.pk).update(updated_at=timezone.now() - timedelta(seconds=5))
+        with mock.patch("jobs.services.transitions.job_dispatch"):
+            assert jobs_redispatch_stale(grace=grace) == 0  # first seen held
+        time.sleep(grace + 0.2)
+        held_publish("busy@host/1/0", [str(job.pk)])  # still live, still holding it
+        with mock.patch("jobs.services.transitions.job_dispatch") as dispatch:
+            assert jobs_redispatch_stale(grace=grace) == 1
+        assert dispatch.call_args.kwargs["job"].pk == job.pk
+    finally:
         client.close()
         forget_every_message()
 

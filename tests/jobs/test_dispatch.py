@@ -130,6 +130,17 @@ def queued_runs_of(job_id) -> list[str | None]:
             and json.loads(base64.b64decode(message["body"]))[0] == [str(job_id)]]
 
 
+def hold_a_countdown_message(job: Job, worker, client: redis.Redis) -> None:
+    """Put `job` in its back-off with its message (a countdown) as the only one, start `worker`,
+    and wait until it published that it holds it (on its timer until it is due)."""
+    client.delete(f"{settings.REDIS_KEY_PREFIX}jobs")
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now() + timedelta(seconds=120))
+    transitions.job_dispatch(job=Job.objects.get(pk=job.pk), countdown=120)
+    worker.start()
+    wait_until(lambda: [str(job.pk)] in held_by_workers().values(), timeout=30,
+               message="the worker did not publish the countdown message it holds")
+
+
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 def test_a_message_held_by_a_killed_worker_is_sent_again_once_the_worker_is_seen_dead(only_own_workers, settings):
@@ -145,13 +156,7 @@ def test_a_message_held_by_a_killed_worker_is_sent_again_once_the_worker_is_seen
     client = broker()
     worker = celery_worker(name="holder", concurrency=1)
     try:
-        client.delete(f"{settings.REDIS_KEY_PREFIX}jobs")
-        # The job is in its back-off, its message held by the worker until it is due.
-        Job.objects.filter(pk=job.pk).update(run_after=timezone.now() + timedelta(seconds=120))
-        transitions.job_dispatch(job=Job.objects.get(pk=job.pk), countdown=120)
-        worker.start()
-        wait_until(lambda: [str(job.pk)] in held_by_workers().values(), timeout=30,
-                   message="the worker did not publish the countdown message it holds")
+        hold_a_countdown_message(job, worker, client)
         assert queued_runs_of(job.pk) == []
         assert held_messages() == 1  # what /metrics reports as delivered and not acknowledged
         # Due by the database, nothing queued, but held by a live worker: on its way, not lost.
@@ -213,12 +218,7 @@ def test_a_worker_that_shuts_down_cleanly_gives_its_held_messages_back(only_own_
     client = broker()
     worker = celery_worker(name="clean", concurrency=1)
     try:
-        client.delete(f"{settings.REDIS_KEY_PREFIX}jobs")
-        Job.objects.filter(pk=job.pk).update(run_after=timezone.now() + timedelta(seconds=120))
-        transitions.job_dispatch(job=Job.objects.get(pk=job.pk), countdown=120)
-        worker.start()
-        wait_until(lambda: [str(job.pk)] in held_by_workers().values(), timeout=30,
-                   message="the worker did not publish the countdown message it holds")
+        hold_a_countdown_message(job, worker, client)
         worker.stop()
         assert held_by_workers() == {}
         back = queued_runs_of(job.pk)

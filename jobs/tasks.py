@@ -160,11 +160,17 @@ class HeldPublisher:
         self.published_at = float("-inf")
 
     def tick(self) -> None:
-        try:
-            ids = held_job_ids(self.timer)
-        except Exception:  # never let this break the worker's event loop
-            logger.exception("could not list the messages this worker holds")
-            return
+        for attempt in range(3):
+            try:
+                ids = held_job_ids(self.timer)
+                break
+            except RuntimeError:  # a set changed size under a pool's thread (`-P threads`): look again
+                if attempt == 2:
+                    logger.warning("could not list the messages this worker holds: they kept changing")
+                    return
+            except Exception:  # never let this break the worker's event loop
+                logger.exception("could not list the messages this worker holds")
+                return
         now = time.monotonic()
         if ids == self.published and now - self.published_at < settings.JOBS_HELD_STALE_AFTER / 3:
             return

@@ -231,6 +231,28 @@ def test_a_worker_that_shuts_down_cleanly_gives_its_held_messages_back(only_own_
 
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_a_worker_of_another_pool_publishes_what_it_holds_too(only_own_workers, pool):
+    """`make run` ships prefork; a worker started with `-P threads` or `-P solo` runs its timer
+    otherwise (a thread of its own), and publishes what it holds all the same."""
+    forget_every_message()
+    jobs_redispatch_stale(grace=1.0)
+    job, _ = job_submit(kind="demo.noop", input={})
+    client = broker()
+    worker = celery_worker(name=f"pool-{pool}", concurrency=2, extra_args=["--pool", pool])  # the last --pool wins
+    try:
+        hold_a_countdown_message(job, worker, client)
+        worker.wait_for_output(f"concurrency: 2 ({'thread' if pool == 'threads' else pool})", timeout=10)
+        worker.stop()
+        assert held_by_workers() == {}
+    finally:
+        worker.kill()
+        client.close()
+        forget_every_message()
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
 def test_a_message_lost_between_the_queue_and_the_worker_is_sent_again_once_nothing_is_queued(
     only_own_workers, settings
 ):

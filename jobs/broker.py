@@ -221,16 +221,11 @@ redis.call('HSET', KEYS[1], ARGV[1], string.format('{"at": %d.%06d, "jobs": %s}'
 """
 
 
-def held_publish(holder: str, job_ids: Iterable[str]) -> bool:
+def held_publish(holder: str, job_ids: Iterable[str]) -> None:
     """Record that the worker process `holder` (a name of its own: its node name, pid and start)
-    holds the messages of `job_ids` now; False when Redis did not take it (tried again at the next
-    tick)."""
-    try:
-        _client().eval(_HELD_PUBLISH, 1, held_key(), holder, json.dumps(sorted(job_ids)))
-    except redis.RedisError as exc:
-        logger.warning("could not publish the messages %s holds: %s", holder, exc)
-        return False
-    return True
+    holds the messages of `job_ids` now. Raises redis.RedisError when Redis did not take it: the
+    caller tries again at its next tick, and says so once, not every second of an outage."""
+    _client().eval(_HELD_PUBLISH, 1, held_key(), holder, json.dumps(sorted(job_ids)))
 
 
 def held_forget(*holders: str) -> None:

@@ -6,6 +6,7 @@ import time
 import uuid
 from typing import Any
 
+import redis
 from billiard.einfo import ExceptionWithTraceback
 from celery import Task, shared_task
 from celery.exceptions import Terminated, WorkerLostError
@@ -151,15 +152,21 @@ def held_job_ids(timer: Any) -> set[str]:
 class HeldPublisher:
     """Publishes what a worker's main process holds (`jobs.broker.held_publish`): at each tick
     when it changed, and at least every third of JOBS_HELD_STALE_AFTER so the worker stays live.
-    One Redis round trip a tick at most, whatever the number of messages: none per message."""
+    One Redis round trip a tick at most, whatever the number of messages: none per message. With
+    Redis away it tries every third of JOBS_HELD_STALE_AFTER, not every tick: a failing attempt
+    (the client's retries) holds the worker's event loop for seconds."""
 
     def __init__(self, holder: str, timer: Any) -> None:
         self.holder = holder
         self.timer = timer
         self.published: set[str] | None = None
         self.published_at = float("-inf")
+        self.failing = False
+        self.retry_at = float("-inf")
 
     def tick(self) -> None:
+        if time.monotonic() < self.retry_at:
+            return  # Redis did not answer: a failed attempt can block this loop for seconds
         for attempt in range(3):
             try:
                 ids = held_job_ids(self.timer)
@@ -174,8 +181,20 @@ class HeldPublisher:
         now = time.monotonic()
         if ids == self.published and now - self.published_at < settings.JOBS_HELD_STALE_AFTER / 3:
             return
-        if held_publish(self.holder, ids):
-            self.published, self.published_at = ids, now
+        try:
+            held_publish(self.holder, ids)
+        except redis.RedisError as exc:
+            retry_in = settings.JOBS_HELD_STALE_AFTER / 3
+            if not self.failing:
+                logger.warning("could not publish the messages this worker holds (tried again every %g s): %s",
+                               retry_in, exc)
+            self.failing = True
+            self.retry_at = time.monotonic() + retry_in
+            return
+        if self.failing:
+            logger.info("the messages this worker holds are published again")
+        self.failing = False
+        self.published, self.published_at = ids, now
 
 
 _held_publishers: list[HeldPublisher] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import time
 from datetime import timedelta
 from unittest import mock
@@ -15,6 +16,8 @@ import pytest
 import redis
 from django.conf import settings
 from django.utils import timezone
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from jobs.broker import held_key, held_messages, held_publish, mark_key
 from jobs.models import Job
@@ -226,6 +229,37 @@ def test_a_worker_that_shuts_down_cleanly_gives_its_held_messages_back(only_own_
     finally:
         worker.kill()
         client.close()
+        forget_every_message()
+
+
+def test_a_publisher_that_cannot_reach_redis_says_so_once_and_publishes_when_it_can(monkeypatch, caplog):
+    """Redis away: the publisher tries again every few seconds, not at every tick (a failing
+    attempt holds the worker's event loop through the client's retries), logs one warning for the
+    outage, and publishes as soon as Redis answers."""
+    from jobs import broker as broker_module
+    from jobs.tasks import HeldPublisher
+
+    forget_every_message()
+    publisher = HeldPublisher("outage@host/1/0", timer=mock.Mock(_queue=[]))
+    # Nothing listens there; no retries of its own, to keep the test short.
+    unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    try:
+        with monkeypatch.context() as patch, caplog.at_level(logging.INFO, logger="jobs.tasks"):
+            patch.setattr(broker_module, "_client", lambda: unreachable)
+            publisher.tick()
+            assert publisher.retry_at > time.monotonic()
+            publisher.tick()  # too soon to try again: no attempt, no wait
+            publisher.retry_at = 0.0  # the retry's time came
+            publisher.tick()
+        warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "could not publish" in warnings[0].getMessage()
+        assert held_by_workers() == {}
+        publisher.retry_at = 0.0
+        publisher.tick()  # Redis answers again
+        assert held_by_workers() == {"outage@host/1/0": []}
+        assert "published again" in caplog.records[-1].getMessage()
+    finally:
+        unreachable.close()
         forget_every_message()
 
 

@@ -1039,7 +1039,7 @@ def broker_idle() -> None:
     import redis
     from django.conf import settings
 
-    from jobs.broker import held_key
+    from jobs.broker import held_messages
 
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     queue = settings.CELERY_TASK_DEFAULT_QUEUE
@@ -1047,9 +1047,8 @@ def broker_idle() -> None:
     def idle() -> bool:
         # kombu keeps a queue's priorities in keys of their own, named after it.
         lists = [key for key in client.scan_iter(match=f"{queue}*") if client.type(key) == b"list"]
-        # What the workers hold, as they publish it (jobs.broker): a delivered message is not in Redis.
-        held = [json.loads(raw)["jobs"] for raw in client.hvals(held_key())]
-        return not any(client.llen(key) for key in lists) and not any(held)
+        # A delivered message is not in Redis: what the live workers hold is what they publish (jobs.broker).
+        return not any(client.llen(key) for key in lists) and not held_messages()
 
     try:
         wait_for(idle, 120, "the workers' queue emptying", interval=0.1)

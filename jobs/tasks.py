@@ -161,11 +161,10 @@ class HeldPublisher:
         self.timer = timer
         self.published: set[str] | None = None
         self.published_at = float("-inf")
-        self.failing = False
-        self.retry_at = float("-inf")
+        self.retry_at: float | None = None  # set while Redis does not answer: when to try again
 
     def tick(self) -> None:
-        if time.monotonic() < self.retry_at:
+        if self.retry_at is not None and time.monotonic() < self.retry_at:
             return  # Redis did not answer: a failed attempt can block this loop for seconds
         for attempt in range(3):
             try:
@@ -185,15 +184,14 @@ class HeldPublisher:
             held_publish(self.holder, ids)
         except redis.RedisError as exc:
             retry_in = settings.JOBS_HELD_STALE_AFTER / 3
-            if not self.failing:
+            if self.retry_at is None:
                 logger.warning("could not publish the messages this worker holds (tried again every %g s): %s",
                                retry_in, exc)
-            self.failing = True
             self.retry_at = time.monotonic() + retry_in
             return
-        if self.failing:
+        if self.retry_at is not None:
             logger.info("the messages this worker holds are published again")
-        self.failing = False
+            self.retry_at = None
         self.published, self.published_at = ids, now
 
 

@@ -36,6 +36,11 @@ it creates and drops, and a Redis database it flushes. Then, one phase after ano
    POSTed the same way and timed until its `processing` event arrives on the job's websocket.
 7. **handoff** — bare Celery's own hand-off: one message at a time to an idle bare worker, from
    before `apply_async` to the task's first line. The part of 5 and 6 that is Celery's.
+8. **start** — a process's start, spawn to exit, alternating: `manage.py submit demo.noop --count 1`
+   (the platform phase's submitter with one job) and a bare Django + Celery process doing the
+   least a submitter must (bench/bare_start.py). The platform phase's window opens with that start
+   (its "first claim after"); each round also gives the worker's pace from its first claim to its
+   last job against bare Celery ("platform drained × bare").
 
 The total RSS of the platform's processes is taken idle and at the end of the platform phase. Each
 throughput phase has a CPU budget per job by part (`CpuBudget`), and each latency phase a probe of
@@ -640,6 +645,42 @@ def handoff_phase(count: int, concurrency: int, redis_url: str) -> dict[str, Any
         return summary_ms(delays)
 
 
+START_TRIES = 7  # starts of each process in the start phase
+
+
+def start_phase(shipped: Platform, tries: int) -> dict[str, Any]:
+    """A process's start, `tries` times each, alternating, from spawn to exit: `manage.py submit
+    demo.noop --count 1` as `make run` would run it (the platform phase's submitter, with one job),
+    and a bare Django + Celery process doing the least a submitter must (`bench/bare_start.py`).
+    The platform phase's window opens with the first one's start, so its "first claim after" is
+    mostly this; the bare one is the substrate's part of it."""
+    import redis
+
+    queue = f"bench-start-{uuid.uuid4().hex[:8]}"
+    commands = {
+        "platform": ([str(RUN_BIN / "python"), "manage.py", "submit", "demo.noop", "--count", "1"], shipped.env),
+        "bare": ([str(RUN_BIN / "python"), "bench/bare_start.py"], {**os.environ, "BARE_START_QUEUE": queue}),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in commands}
+    cpu: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(tries):
+        for name, (argv, env) in commands.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            done = subprocess.run(argv, cwd=BASE_DIR, env=env, capture_output=True, text=True)
+            seconds[name].append(time.perf_counter() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+            if done.returncode:
+                raise SystemExit(f"bench: {' '.join(argv[1:])} failed: {done.stderr[-2000:]}")
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    client.delete(queue, f"_kombu.binding.{queue}")
+    client.close()
+    return {name: {"tries": tries, "median_s": round(statistics.median(seconds[name]), 3),
+                   "min_s": round(min(seconds[name]), 3), "cpu_median_s": round(statistics.median(cpu[name]), 3)}
+            for name in commands}
+
+
 def durable_tables_drop() -> None:
     """The end of a run: the bench's copies of the platform's tables go (`durable_worker`)."""
     import psycopg
@@ -1179,7 +1220,12 @@ def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurr
               f"{scans_text(run.get('scans'))})  cpu {run['cpu_seconds']}", flush=True)
     if "bare" in result and "platform" in result:
         result["ratio"] = round(result["platform"]["per_second"] / result["bare"]["per_second"], 3)
-        print(f"  ratio         {result['ratio']:8.3f}", flush=True)
+        drained = result["platform"].get("drain_per_second")
+        if drained:
+            # The worker's pace once the submitter's process has started (its first claim to its last job).
+            result["drain_ratio"] = round(drained / result["bare"]["per_second"], 3)
+        print(f"  ratio         {result['ratio']:8.3f}  (drained × bare Celery: {result.get('drain_ratio')})",
+              flush=True)
     if "bare" in result and "peer" in result:
         result["peer_ratio"] = round(result["peer"]["per_second"] / result["bare"]["per_second"], 3)
     if "bare" in result and "durable" in result:
@@ -1221,7 +1267,7 @@ def round_summary(round_: dict[str, Any]) -> dict[str, Any]:
         if key in round_:
             summary[key] = round_[key]["per_second"]
             summary[f"{key}_cpu_ms_per_job"] = round_[key].get("cpu_ms_per_job", {}).get("total")
-    for key in ("ratio", "peer_ratio", "floor_ratio", "platform_over_floor"):
+    for key in ROUND_RATIOS:
         if key in round_:
             summary[key] = round_[key]
     return summary
@@ -1288,6 +1334,13 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
             result["handoff_ms"] = handoff_phase(args.resumes, worker_concurrency, os.environ["REDIS_URL"])
             print(f"  Celery's hand-off {result['handoff_ms']}  (bare Celery: apply_async → the task running, "
                   "an idle worker)", flush=True)
+        if "start" in phases:
+            result["start"] = start_phase(shipped, START_TRIES)
+            start = result["start"]
+            print(f"  a process's start: manage.py submit --count 1 {start['platform']['median_s']} s "
+                  f"(CPU {start['platform']['cpu_median_s']} s); a bare Django + Celery process "
+                  f"{start['bare']['median_s']} s (CPU {start['bare']['cpu_median_s']} s); medians of "
+                  f"{START_TRIES}", flush=True)
     finally:
         from django.db import connections
 
@@ -1320,8 +1373,9 @@ def budget_lines(run: dict[str, Any]) -> list[str]:
 
 ROUND_COLUMNS = (("bare", "bare Celery /s"), ("peer", "Procrastinate /s"), ("durable", "bare + SQL /s"),
                  ("platform", "platform /s"), ("ratio", "platform × bare"), ("peer_ratio", "Procrastinate × bare"),
-                 ("floor_ratio", "floor × bare"), ("platform_over_floor", "platform × floor"))
-ROUND_RATIOS = ("ratio", "peer_ratio", "floor_ratio", "platform_over_floor")
+                 ("floor_ratio", "floor × bare"), ("platform_over_floor", "platform × floor"),
+                 ("drain_ratio", "platform drained × bare"))
+ROUND_RATIOS = ("ratio", "peer_ratio", "floor_ratio", "platform_over_floor", "drain_ratio")
 
 
 def rounds_text(rounds: list[dict[str, Any]]) -> str:
@@ -1388,6 +1442,16 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| Celery's hand-off: `apply_async` → the task running on an idle bare worker "
                      f"({handoff['n']}), the substrate's part of the two above | p50 {handoff['p50']} ms, "
                      f"p99 {handoff['p99']} ms | — | — |")
+    if "start" in first:
+        start = first["start"]
+        lines.append(f"| a process's start, spawn to exit (median of {start['platform']['tries']}): `manage.py submit "
+                     f"demo.noop --count 1` | a bare Django + Celery process, one statement and one message "
+                     f"(`bench/bare_start.py`): {start['bare']['median_s']} s, CPU {start['bare']['cpu_median_s']} s"
+                     f" | {start['platform']['median_s']} s, CPU {start['platform']['cpu_median_s']} s | — |")
+    if "drain_ratio" in first:
+        lines.append(f"| the platform's worker once the submitter has started (its first claim to its last job) | "
+                     f"bare Celery {first['bare']['per_second']}/s | {first['platform']['drain_per_second']}/s = "
+                     f"{first['drain_ratio']}× | — |")
     lines.append(f"| RSS of all the platform's processes | — | idle {first['rss_idle_mb']} MB, under load "
                  f"{first.get('platform', {}).get('rss_under_load_mb', '—')} MB | — |")
     if budget := budget_lines(first):
@@ -1414,7 +1478,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--resumes", type=int, default=100, help="jobs answered, and jobs woken, one at a time")
     parser.add_argument("--concurrency", type=int, default=2, help="WORKER_CONCURRENCY of the main run")
-    parser.add_argument("--phases", default="bare,peer,durable,platform,api,api-floor,answer,wake,handoff")
+    parser.add_argument("--phases", default="bare,peer,durable,platform,api,api-floor,answer,wake,handoff,start")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the throughput phases this many times, interleaved; the round with the median "
                              "ratio stands for the run, and every round is listed")

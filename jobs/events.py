@@ -415,6 +415,7 @@ def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> 
             return written[0].checkpoint[step]
         # Lost meanwhile: keep the result all the same (not for a job that completed).
         kept = Job.objects.filter(pk=job_id).exclude(status=Job.Status.COMPLETED).update(checkpoint=checkpoint)
-        if not kept and not Job.objects.filter(pk=job_id).exists():
-            raise JobNotFound(f"job {job_id} does not exist")
+        missing = not kept and not Job.objects.filter(pk=job_id).exists()
+    if missing:  # raised after the transaction, which wrote nothing (`job_transition` says why)
+        raise JobNotFound(f"job {job_id} does not exist")
     raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}; the result of step {step!r} is kept")

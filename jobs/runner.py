@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+import uuid
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -102,6 +103,61 @@ def _run(kind, ctx: JobContext, job) -> str:
                    "strings, finite numbers, booleans and None (dates and decimals as strings)")
         return _record(job_fail, job=job, code="result_not_json", message=message, retry=False)
     return _record(job_complete, job=job, result=result)
+
+
+# A job id no row has: the rehearsal's moves match nothing.
+_NO_JOB = uuid.UUID(int=0)
+# Bounds of the rehearsal's statements (a table locked by a migration, a database that hangs):
+# Celery kills a pool process that has not started within 4 s.
+REHEARSAL_TIMEOUT_MS = 1000
+
+
+def moves_rehearse() -> None:
+    """Run a run's usual moves once against no job, in this process (a new pool process, before
+    its first job): the claim, a step's begin and checkpoint, a progress report, the completion
+    of a job with and without an owner. Each matches no row and writes nothing; each builds its
+    statement's shape (`jobs.statements`) and prepares it on this connection (`dbkit.prepared`),
+    and PostgreSQL's new backend loads the tables' catalog entries. Without it the first job of
+    every new pool process paid all of that (about 10 ms for a no-op job, 20 ms for one with
+    steps and progress), and its first events reached their watchers that much later than the
+    rest (bench/README.md, "A new pool process's first job").
+
+    Outside any transaction, as a run's moves are: a refused move rolls nothing back (a rollback
+    makes psycopg drop every prepared statement), and none of these writes. With short lock and
+    statement timeouts meanwhile; any failure is only logged, and the first job then does this
+    work itself, on a new connection, as it did before."""
+    from jobs.events import event_append, step_begin, step_checkpoint
+
+    if connection.vendor != "postgresql":
+        return
+    stand_in = Job(pk=_NO_JOB, attempts=1, owner_id=None, parent_id=None)
+    rehearsal = [
+        lambda: job_claim(job_id=_NO_JOB, worker="rehearsal", task_id="rehearsal"),
+        lambda: step_begin(job_id=_NO_JOB, run_attempt=1, step="rehearsal"),
+        lambda: step_checkpoint(job_id=_NO_JOB, run_attempt=1, step="rehearsal", value=None),
+        lambda: event_append(job_id=_NO_JOB, type="progress", message={"fraction": 0.5, "text": ""},
+                             fields={"progress_fraction": 0.5, "progress_text": ""}, run_attempt=1),
+        # With a result (most runs return one; None is a shape of its own, left to the first job).
+        lambda: job_complete(job=stand_in, result={}),
+        lambda: job_complete(job=Job(pk=_NO_JOB, attempts=1, owner_id=0, parent_id=None), result={}),
+    ]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET lock_timeout = {REHEARSAL_TIMEOUT_MS}")
+            cursor.execute(f"SET statement_timeout = {REHEARSAL_TIMEOUT_MS}")
+        try:
+            for move in rehearsal:
+                try:
+                    move()
+                except (InvalidTransition, JobNotFound, RunLost):
+                    pass  # no such job: what a rehearsal finds
+        finally:
+            with connection.cursor() as cursor:  # the session's own values (its connection's options)
+                cursor.execute("RESET lock_timeout")
+                cursor.execute("RESET statement_timeout")
+    except Exception as exc:
+        logger.warning("pool process could not rehearse a job's moves ahead of its first job: %s", exc)
+        connection.close()  # the first job opens a fresh one (no timeout of the rehearsal left on it)
 
 
 def database_lost(exc: BaseException) -> bool:

@@ -27,7 +27,7 @@ from jobs.broadcast import flush_pending, publisher
 from jobs.broker import dispatch_forget, held_forget, held_publish
 from jobs.leases import drain_mark
 from jobs.periodic import PeriodicPassTask
-from jobs.runner import job_execute
+from jobs.runner import job_execute, moves_rehearse
 from jobs.services import (
     job_run_died,
     jobs_recover_expired_leases,
@@ -236,8 +236,10 @@ def connect_before_the_first_job(**kwargs) -> None:
     `WORKER_MAX_TASKS_PER_CHILD` tasks), open the database connection and the push thread's Redis
     connection now. Otherwise its first job paid both, and that job's first event reached its
     watchers some 20 ms later than the events after it (bench/README.md, "A new pool process's
-    first event"). The push thread connects in the background; a failure here is only logged, and
-    the first job connects (or fails) as it would have.
+    first event"). Then it rehearses a run's moves against no job (`jobs.runner.moves_rehearse`),
+    so that the first job finds its statements built and prepared. The push thread connects in
+    the background; a failure here is only logged, and the first job connects (or fails) as it
+    would have.
 
     A `worker_process_init` receiver, connected by `taskplatform.celery` so that it runs after
     Celery's Django fix-up's, which closes the database connections a pool process inherited."""
@@ -253,6 +255,8 @@ def connect_before_the_first_job(**kwargs) -> None:
         connection.ensure_connection()
     except Exception as exc:
         logger.warning("pool process could not connect to the database ahead of its first job: %s", exc)
+    else:
+        moves_rehearse()
     finally:
         if bounded:
             if previous is None:

@@ -120,17 +120,22 @@ def job_transition(
                                                   message=message, actor=actor, channel=channel)
             else:
                 written = job_update_with_event(rows=move, fields=values, type="status", status=to, message=message)
-            if written is None:
-                _refuse(job_id, to)
-            # In this transaction: a committed move always has its hooks' writes (closed questions
-            # and waits, queued webhook deliveries) committed with it.
-            for hook in transition_hooks_for(to, has_owner=written[0].owner_id is not None):
-                if not hook.before:
-                    hook.fn(job=written[0], to=to, actor=actor, channel=channel)
-            if to in Job.TERMINAL and written[0].parent_id is not None:
-                from jobs.services.family import parent_child_ended  # the family module builds on this one
+            if written is not None:
+                # In this transaction: a committed move always has its hooks' writes (closed
+                # questions and waits, queued webhook deliveries) committed with it.
+                for hook in transition_hooks_for(to, has_owner=written[0].owner_id is not None):
+                    if not hook.before:
+                        hook.fn(job=written[0], to=to, actor=actor, channel=channel)
+                if to in Job.TERMINAL and written[0].parent_id is not None:
+                    from jobs.services.family import parent_child_ended  # the family module builds on this one
 
-                parent_child_ended(child=written[0])
+                    parent_child_ended(child=written[0])
+        if written is None:
+            # Refused once the transaction has ended: it wrote nothing, and ends as a commit of
+            # nothing rather than a rollback, which would make psycopg drop every statement the
+            # connection had prepared (`dbkit.prepared`; a run whose job was cancelled meanwhile
+            # refuses its outcome as a matter of course).
+            _refuse(job_id, to)
     job = written[0]
     if dispatch:
         # After the move's commit (or with the caller's): `job_dispatch` is looked up when called,
@@ -143,11 +148,11 @@ def _move_closing_first(rows: MoveRows, before, *, job_id: Any, to: str, fields:
                         message: dict | None, actor: Any, channel: str | None):
     """The move of a job that holds feature rows: lock its row and check the move, let the
     closing hooks close what the job held (their events come before the status event, which
-    stays the last of a finished job), then write the move."""
+    stays the last of a finished job), then write the move. None: no job matched."""
     with transaction.atomic():
         locked = rows.queryset().select_for_update().first()
         if locked is None:
-            _refuse(job_id, to)
+            return None  # refused by the caller, after its transaction (nothing was written)
         for hook in before:
             if locked.owner_id is not None or not hook.owners_only:
                 hook.fn(job=locked, to=to, actor=actor, channel=channel)

@@ -373,8 +373,9 @@ def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
     """Write the `step started` event of the run `run_attempt`, unless `step` has finished
     already (another run of the job finished it after this run loaded the checkpoint): then
     return its stored result and write nothing. Returns `STEP_NOT_DONE` when the step is to run.
-    Raises `RunLost` when the run no longer owns the job."""
-    with transaction.atomic():
+    Raises `RunLost` when the run no longer owns the job. One statement on PostgreSQL
+    (`one_statement_write`: no BEGIN and COMMIT around it)."""
+    with one_statement_write():
         rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt,
                         without_checkpoint_key=step)
         fields = {"event_seq": NEXT_EVENT_SEQ, "updated_at": db_now()}
@@ -397,10 +398,11 @@ def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> 
     one key to what is stored, in the database). The result is kept even when the run no longer
     owns the job (it was cancelled or taken back while the step ran), so that the work is never
     done again; then no event is written (the job's log has moved on without this run) and
-    `RunLost` is raised so the run stops. Precondition: `value` is storable JSON.
+    `RunLost` is raised so the run stops. Precondition: `value` is storable JSON. One statement
+    on PostgreSQL (`one_statement_write`), a second one only when the run has lost the job.
     """
     connection = connections[Job.objects.db]
-    with transaction.atomic():
+    with one_statement_write():
         if connection.vendor != "postgresql":
             # Elsewhere (SQLite, whose writers are serialised): read, add, write under the lock.
             stored = Job.objects.select_for_update().filter(pk=job_id).values_list("checkpoint", flat=True).first()

@@ -128,3 +128,23 @@ def test_the_heartbeat_stops_a_run_that_lost_its_job_before_its_lease_ends(setti
     finally:
         beat.remove(ctx)
         beat.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_on_postgresql_opens_no_transaction(monkeypatch):
+    """A step's begin and its checkpoint are one statement each (the job's UPDATE with its
+    event's INSERT): autocommit, as a run's other moves, with no BEGIN and COMMIT around them."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("elsewhere a step's writes take a transaction of their own")
+    job = new_job()
+    ctx = claim(job.pk)
+    opened = []
+    real_enter = transaction.Atomic.__enter__
+    monkeypatch.setattr(transaction.Atomic, "__enter__", lambda self: opened.append(1) or real_enter(self))
+    assert ctx.step("one", lambda: {"done": 1}) == {"done": 1}
+    assert opened == []
+    assert fresh(job).checkpoint == {"one": {"done": 1}}
+    assert list(fresh(job).events.order_by("seq").values_list("type", "status"))[-2:] == [
+        ("step", "started"), ("step", "completed")]

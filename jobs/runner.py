@@ -10,7 +10,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError, connection, transaction
 
 from jobs.errors import ClaimDeferred, InvalidTransition, JobNotFound, UnknownKind
 from jobs.events import RunLost
@@ -122,10 +122,10 @@ def moves_rehearse() -> None:
     steps and progress), and its first events reached their watchers that much later than the
     rest (bench/README.md, "A new pool process's first job").
 
-    Outside any transaction, as a run's moves are: a refused move rolls nothing back (a rollback
-    makes psycopg drop every prepared statement), and none of these writes. With short lock and
-    statement timeouts meanwhile; any failure is only logged, and the first job then does this
-    work itself, on a new connection, as it did before."""
+    In one transaction with short lock and statement timeouts of its own, which commits: none of
+    these moves writes, and a refused move rolls nothing back (a rollback makes psycopg drop every
+    statement the connection prepared). Any failure is only logged, and the first job then does
+    this work itself, on a new connection, as it did before."""
     from jobs.events import event_append, step_begin, step_checkpoint
 
     if connection.vendor != "postgresql":
@@ -142,19 +142,15 @@ def moves_rehearse() -> None:
         lambda: job_complete(job=Job(pk=_NO_JOB, attempts=1, owner_id=0, parent_id=None), result={}),
     ]
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(f"SET lock_timeout = {REHEARSAL_TIMEOUT_MS}")
-            cursor.execute(f"SET statement_timeout = {REHEARSAL_TIMEOUT_MS}")
-        try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:  # for this transaction only (a pooler's session is not ours)
+                cursor.execute(f"SET LOCAL lock_timeout = {REHEARSAL_TIMEOUT_MS}")
+                cursor.execute(f"SET LOCAL statement_timeout = {REHEARSAL_TIMEOUT_MS}")
             for move in rehearsal:
                 try:
                     move()
                 except (InvalidTransition, JobNotFound, RunLost):
                     pass  # no such job: what a rehearsal finds
-        finally:
-            with connection.cursor() as cursor:  # the session's own values (its connection's options)
-                cursor.execute("RESET lock_timeout")
-                cursor.execute("RESET statement_timeout")
     except Exception as exc:
         logger.warning("pool process could not rehearse a job's moves ahead of its first job: %s", exc)
         connection.close()  # the first job opens a fresh one (no timeout of the rehearsal left on it)

@@ -156,7 +156,10 @@ def _move_closing_first(rows: MoveRows, before, *, job_id: Any, to: str, fields:
         for hook in before:
             if locked.owner_id is not None or not hook.owners_only:
                 hook.fn(job=locked, to=to, actor=actor, channel=channel)
-        return job_update_with_event(rows=rows, fields=fields, type="status", status=to, message=message)
+        written = job_update_with_event(rows=rows, fields=fields, type="status", status=to, message=message)
+        if written is None:  # not under the row's lock; were it ever so, the hooks' writes roll back with it
+            _refuse(job_id, to)
+        return written
 
 
 def _refuse(job_id: Any, to: str) -> NoReturn:

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from jobs.errors import ClaimDeferred, InvalidTransition, JobNotFound, UnknownKind
-from jobs.events import RunLost
+from jobs.events import RunLost, event_append, step_begin, step_checkpoint
 from jobs.leases import heartbeat
 from jobs.models import Job
 from jobs.registry import kind_get
@@ -126,8 +126,6 @@ def moves_rehearse() -> None:
     these moves writes, and a refused move rolls nothing back (a rollback makes psycopg drop every
     statement the connection prepared). Any failure is only logged, and the first job then does
     this work itself, on a new connection, as it did before."""
-    from jobs.events import event_append, step_begin, step_checkpoint
-
     if connection.vendor != "postgresql":
         return
     stand_in = Job(pk=_NO_JOB, attempts=1, owner_id=None, parent_id=None)

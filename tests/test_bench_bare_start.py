@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import uuid
-from urllib.parse import quote
 
 import pytest
 import redis
@@ -16,6 +15,7 @@ from django.conf import settings
 from django.db import connection
 
 from bench.shipped import BASE_DIR
+from tests.support import processes
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the bench measures on PostgreSQL"),
@@ -31,19 +31,10 @@ RUN_AND_LIST = (
 )
 
 
-def database_url() -> str:
-    db = connection.settings_dict
-    user = quote(db.get("USER") or "", safe="")
-    password = f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else ""
-    host = quote(db.get("HOST") or "", safe="")
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgres://{user}{password}@{host}{port}/{db['NAME']}"
-
-
 def test_the_bare_start_sends_one_message_and_loads_nothing_of_the_platform():
     queue = f"bench-start-test-{uuid.uuid4().hex[:8]}"
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    env.update(DATABASE_URL=database_url(), REDIS_URL=settings.CELERY_BROKER_URL, BARE_START_QUEUE=queue,
+    env.update(DATABASE_URL=processes.test_database_url(), REDIS_URL=settings.CELERY_BROKER_URL, BARE_START_QUEUE=queue,
                PYTHONPATH="")
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     try:

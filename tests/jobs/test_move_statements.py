@@ -19,6 +19,7 @@ from jobs.services import job_claim, job_complete
 from jobs.services.submitting import job_submit
 from jobs.services.transitions import job_transition
 from jobs.statements import MoveRows, move_statement
+from tests.support.statements import count_builds
 
 pytestmark = pytest.mark.django_db
 
@@ -33,17 +34,9 @@ def _pending(count: int, monkeypatch) -> list[Job]:
     return [job_submit(kind="demo.noop", input={})[0] for _ in range(count)]
 
 
-def _count_builds(monkeypatch) -> list:
-    """A list that gets an item each time the ORM builds a move statement."""
-    built: list = []
-    real_build = statements._build
-    monkeypatch.setattr(statements, "_build", lambda *a, **k: built.append(1) or real_build(*a, **k))
-    return built
-
-
 def test_a_second_move_of_the_same_shape_reuses_the_statement_with_its_own_values(monkeypatch):
     first, second = _pending(2, monkeypatch)
-    built = _count_builds(monkeypatch)
+    built = count_builds(monkeypatch)
 
     with CaptureQueriesContext(connection) as one:
         job_claim(job_id=first.pk, worker="w1 pid 1", task_id="t-1")
@@ -128,7 +121,7 @@ def test_a_runs_progress_reports_reuse_one_statement(monkeypatch):
 
     job, = _pending(1, monkeypatch)
     claimed = job_claim(job_id=job.pk, worker="w", task_id="t")
-    built = _count_builds(monkeypatch)
+    built = count_builds(monkeypatch)
     for fraction in (0.25, 0.5, 0.75):
         event_append(job_id=job.pk, type="progress", message={"fraction": fraction}, run_attempt=claimed.attempts,
                      fields={"progress_fraction": fraction, "progress_text": f"{fraction}"})
@@ -142,7 +135,7 @@ def test_a_runs_steps_reuse_their_statements_each_with_its_own_step(monkeypatch)
 
     job, = _pending(1, monkeypatch)
     claimed = job_claim(job_id=job.pk, worker="w", task_id="t")
-    built = _count_builds(monkeypatch)
+    built = count_builds(monkeypatch)
     for number in range(3):
         assert step_begin(job_id=job.pk, run_attempt=claimed.attempts, step=f"s{number}") is STEP_NOT_DONE
         assert step_checkpoint(job_id=job.pk, run_attempt=claimed.attempts, step=f"s{number}",
@@ -176,7 +169,7 @@ def test_a_claims_shape_is_worked_out_once_on_the_objects_it_passes_again(monkey
     for name in ("_where_shape", "_expression_kind"):
         real = getattr(statements, name)
         monkeypatch.setattr(statements, name, lambda thing, real=real: worked_out.append(thing) or real(thing))
-    built = _count_builds(monkeypatch)
+    built = count_builds(monkeypatch)
     job_claim(job_id=second.pk, worker="w", task_id="t")
     assert (worked_out, built) == ([], [])
     # A clock moved by a test (jobs.testing.Clock) gives other objects, whose shape is worked out anew.
@@ -214,7 +207,7 @@ def test_wakes_of_different_waits_share_one_statement_and_each_wakes_only_its_ow
         claimed = job_claim(job_id=job.pk, worker="w", task_id="t")
         job_transition(job_id=job.pk, to=Job.Status.WAITING, from_=[Job.Status.PROCESSING],
                        only_attempt=claimed.attempts, fields={"suspended_on": key})
-    built = _count_builds(monkeypatch)
+    built = count_builds(monkeypatch)
     assert job_wake(job_id=jobs[0].pk, on="wait:a").status == Job.Status.PENDING
     assert job_wake(job_id=jobs[1].pk, on="wait:b").status == Job.Status.PENDING
     assert len(built) == 1

@@ -17,6 +17,8 @@ from jobs import runner, statements
 from jobs.models import Job, JobEvent
 from jobs.runner import job_execute, moves_rehearse
 from jobs.services.submitting import job_submit
+from tests.support import processes
+from tests.support.statements import count_builds
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the rehearsal is PostgreSQL's (prepared statements)"),
@@ -32,13 +34,6 @@ def new_process(monkeypatch):
     connection.close()
     yield
     connection.close()
-
-
-def _builds(monkeypatch) -> list:
-    built: list = []
-    real_build = statements._build
-    monkeypatch.setattr(statements, "_build", lambda *a, **k: built.append(1) or real_build(*a, **k))
-    return built
 
 
 def _prepared() -> set[str]:
@@ -62,7 +57,7 @@ def test_after_the_rehearsal_the_first_job_builds_no_statement(new_process, monk
     # The claim, a step's begin and checkpoint, a progress report, two completions.
     assert len(prepared) >= 6, prepared
 
-    built = _builds(monkeypatch)
+    built = count_builds(monkeypatch)
     _run_one("demo.noop")  # no owner: the claim and the completion
     _run_one("demo.noop", owner=reviewer)  # an owner: its completion's statement too
     assert built == [], "the first jobs built statements the rehearsal should have"
@@ -71,18 +66,16 @@ def test_after_the_rehearsal_the_first_job_builds_no_statement(new_process, monk
 
 def test_without_the_rehearsal_the_first_job_builds_its_statements(new_process, monkeypatch):
     # What the rehearsal saves, shown by its absence: this fails if nothing is built at all.
-    built = _builds(monkeypatch)
+    built = count_builds(monkeypatch)
     _run_one("demo.noop")
     assert len(built) == 2  # the claim and the completion
 
 
 def test_a_rehearsal_that_meets_a_locked_table_gives_up_in_time(new_process, caplog):
-    db = connection.settings_dict
     locked, release = threading.Event(), threading.Event()
 
     def hold_the_lock() -> None:
-        with psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None, user=db["USER"] or None,
-                             password=db["PASSWORD"] or None, dbname=db["NAME"]) as other:
+        with psycopg.connect(processes.test_database_url()) as other:
             other.execute(f"LOCK TABLE {Job._meta.db_table} IN ACCESS EXCLUSIVE MODE")
             locked.set()
             release.wait(30)

@@ -3,7 +3,8 @@ not in that job's time: without it the first event of every new pool process rea
 watchers some 20 ms later than the rest (bench/README.md). Celery's Django fix-up closes the
 connections a pool process inherits from its own `worker_process_init` receiver, so ours must run
 after it: this checks the order as a real worker has it, at its start and when a pool process is
-replaced after its `--max-tasks-per-child`."""
+replaced after its `--max-tasks-per-child`. Then it rehearses a run's moves (`jobs.runner.moves_rehearse`)
+before its first job."""
 
 from __future__ import annotations
 
@@ -64,5 +65,34 @@ def test_each_new_pool_process_connects_before_its_first_job(only_own_workers):
                             timeout=30, interval=0.2,
                             message="the replacing pool process did not connect ahead of its first job")
         assert second != first
+    finally:
+        worker.stop()
+
+
+def _backend_query(process: psutil.Process, port: int) -> str | None:
+    """The last statement of `process`'s PostgreSQL backend (`pg_stat_activity`, by its client port)."""
+    local = [c.laddr.port for c in process.net_connections(kind="tcp") if c.raddr and c.raddr.port == port]
+    if not local:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT query FROM pg_stat_activity WHERE client_port = %s", [local[0]])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def test_a_new_pool_process_rehearses_its_moves_before_its_first_job(only_own_workers):
+    """`jobs.runner.moves_rehearse` runs in a real worker's new pool process, after its connection
+    and before any job: its backend's last statement is the rehearsal's COMMIT."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the rehearsal is PostgreSQL's")
+    ports = _ports()
+    worker = celery_worker(name="rehearsal", concurrency=1).start()
+    try:
+        wait_until(lambda: _all_connected(worker, ports), timeout=30, interval=0.2,
+                   message="the pool process did not connect to PostgreSQL and Redis")
+        (process,) = _pool_processes(worker)
+        last = wait_until(lambda: _backend_query(process, ports[0]), timeout=10, interval=0.2,
+                          message="the pool process's backend was not found in pg_stat_activity")
+        assert last == "COMMIT", last
     finally:
         worker.stop()

@@ -232,8 +232,9 @@ CONNECT_AHEAD_TIMEOUT = 2
 
 
 def connect_before_the_first_job(**kwargs) -> None:
-    """In a new pool process (at the worker's start, and each time one is replaced after its
-    `WORKER_MAX_TASKS_PER_CHILD` tasks), open the database connection and the push thread's Redis
+    """In a new pool process (at the worker's start, and each time one is replaced: after a job
+    that left it over `WORKER_MAX_MEMORY_PER_CHILD_MB`, or after `WORKER_MAX_TASKS_PER_CHILD`
+    jobs), open the database connection and the push thread's Redis
     connection now. Otherwise its first job paid both, and that job's first event reached its
     watchers some 20 ms later than the events after it (bench/README.md, "A new pool process's
     first event"). Then it rehearses a run's moves against no job (`jobs.runner.moves_rehearse`),

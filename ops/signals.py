@@ -8,6 +8,7 @@ They run in every process that starts Celery (worker, beat) and do nothing elsew
   and the time the worker last took a job is recorded for /readyz.
 - The worker's heartbeat (its queues, that it is alive) for /readyz and /metrics.
 - The worker's timer kept to the entries still to come (`timer_compact`).
+- A line when a pool process is replaced, and why (Celery's pool says nothing of it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import heapq
 import logging
 import logging.config
+import resource
 import time
 from typing import Any
 
@@ -78,6 +80,30 @@ def _job_run_ends(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
     task = task or sender
     if getattr(task, "name", None) == JOB_TASK:
         job_log_context_reset()
+
+
+# The exit code of a pool process that has done its share (billiard.pool.EX_RECYCLE): past
+# WORKER_MAX_TASKS_PER_CHILD jobs, or over WORKER_MAX_MEMORY_PER_CHILD_MB after its last one.
+EXIT_RECYCLED = 0x9B
+
+
+@signals.worker_process_shutdown.connect
+def _pool_process_replaced(sender: Any = None, pid: int | None = None, exitcode: int | None = None,
+                           **kwargs: Any) -> None:
+    """In a pool process that is about to exit: say why, when it is being replaced. Over its
+    memory limit is a warning (job code that holds on to memory, or a kind that needs more than the
+    limit, which then costs a new process after each of its jobs); after its tasks, a line."""
+    if exitcode != EXIT_RECYCLED:
+        return
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, as Celery reads it
+    limit_kib = settings.CELERY_WORKER_MAX_MEMORY_PER_CHILD
+    if limit_kib and peak_kib > limit_kib:
+        logger.warning(
+            "pool process %s replaced: it held %d MB at its peak, over WORKER_MAX_MEMORY_PER_CHILD_MB (%d); "
+            "a job kind that needs more than that needs a higher limit", pid, peak_kib // 1024, limit_kib // 1024)
+    else:
+        logger.info("pool process %s replaced after %s jobs (WORKER_MAX_TASKS_PER_CHILD)", pid,
+                    settings.CELERY_WORKER_MAX_TASKS_PER_CHILD)
 
 
 @signals.worker_ready.connect

@@ -18,11 +18,14 @@ from csp.constants import NONE, SELF
 
 from jobs.redis_clients import channel_layer_host
 from taskplatform.redis_urls import broker_transport_options_for, redis_url_for_celery
+from taskplatform.settings.environment import SettingsEnv
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = BASE_DIR / "var"
 
-env = environ.Env()
+# Read strictly: a value it cannot read (`WORKER_CONCURRENCY=four`, `DJANGO_SECURE_COOKIES=ture`)
+# stops the process with one line that names it (taskplatform/settings/environment.py).
+env = SettingsEnv()
 # A `.env` file is optional; real environment variables win over it.
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
@@ -369,10 +372,10 @@ CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=None)
 # meanwhile; replacing one every 1,000 jobs took 15 % off the job rate (bench/README.md, "A pool
 # process's replacement"). So processes are replaced for what they hold, not every few seconds.
 # A process starts at some 100 MB. 0: no limit (Celery wants None for that).
-CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.int("WORKER_MAX_MEMORY_PER_CHILD_MB", default=512) * 1024 or None
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.count("WORKER_MAX_MEMORY_PER_CHILD_MB", default=512) * 1024 or None
 # And after this many tasks whatever it holds (a leak of something other than memory: threads,
 # files). 0: never (Celery wants None for that, and refuses to start its pool on a 0).
-CELERY_WORKER_MAX_TASKS_PER_CHILD = env.int("WORKER_MAX_TASKS_PER_CHILD", default=10_000) or None
+CELERY_WORKER_MAX_TASKS_PER_CHILD = env.count("WORKER_MAX_TASKS_PER_CHILD", default=10_000) or None
 CELERY_TASK_DEFAULT_QUEUE = "jobs"
 # Beat's housekeeping (the reconciler, due waits, deadlines, webhook retries) has a queue of its
 # own, served by a small worker of its own (`platform-worker` under `make run` and in compose):

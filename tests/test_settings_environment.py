@@ -41,7 +41,7 @@ def test_a_word_that_is_neither_stops_the_process_naming_it(env, word):
     # django-environ read each of these as False: a typo turned a safe default off.
     with pytest.raises(SystemExit) as stopped:
         env(word, "bool", default=True)
-    assert str(stopped.value).startswith(f"taskplatform cannot start: TP_PROBE={word!r} is not true or false")
+    assert str(stopped.value).startswith(f"taskplatform refuses to start: TP_PROBE={word!r} is not true or false")
 
 
 def test_unset_takes_the_default(env):
@@ -68,14 +68,14 @@ def test_a_number_it_would_have_guessed_at_is_refused(env, text):
 def test_a_whole_number_that_is_not_stops_the_process(env, text):
     with pytest.raises(SystemExit) as stopped:
         env(text, "int", default=1)
-    assert str(stopped.value) == f"taskplatform cannot start: TP_PROBE={text!r} is not a whole number"
+    assert str(stopped.value) == f"taskplatform refuses to start: TP_PROBE={text!r} is not a whole number"
 
 
 def test_a_count_below_its_minimum_stops_the_process(env):
     assert env("0", "count", default=5) == 0
     with pytest.raises(SystemExit) as stopped:
         env("-1", "count", default=5)
-    assert str(stopped.value) == "taskplatform cannot start: TP_PROBE=-1 is less than 0"
+    assert str(stopped.value) == "taskplatform refuses to start: TP_PROBE=-1 is less than 0"
 
 
 def test_an_entry_point_stops_with_one_line(tmp_path):
@@ -87,6 +87,6 @@ def test_an_entry_point_stops_with_one_line(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
-        "taskplatform cannot start: DJANGO_SECURE_COOKIES='ture' is not true or false "
+        "taskplatform refuses to start: DJANGO_SECURE_COOKIES='ture' is not true or false "
         "(1, ok, on, true, y, yes; 0, false, n, no, off)"
     ], result.stderr[-2000:]

@@ -27,10 +27,10 @@ _EXPECTED = {
 }
 
 
-def refuse(reason: str) -> None:
+def refuse(reason: str, *, settings: str = "") -> None:
     """Stop the process with `reason`, one line, no traceback (SystemExit, not ImproperlyConfigured:
-    every entry point then prints just this)."""
-    raise SystemExit(f"taskplatform cannot start: {reason}")
+    every entry point then prints just this). `settings`: which settings refuse it, when only some do."""
+    raise SystemExit(f"taskplatform refuses to start{f' with {settings}' if settings else ''}: {reason}")
 
 
 class SettingsEnv(environ.Env):

@@ -7,12 +7,13 @@ import copy
 
 from taskplatform.settings.base import *  # noqa: F403
 from taskplatform.settings.development import DEVELOPMENT_SECRET_KEY
+from taskplatform.settings.environment import refuse
 
 
 def _refuse(reason: str) -> None:
-    # SystemExit, not ImproperlyConfigured: every entry point (manage.py, uvicorn, daphne, celery)
-    # then stops with this one line instead of a traceback.
-    raise SystemExit(f"taskplatform refuses to start with the production settings: {reason}")
+    # One line, no traceback, in every entry point (manage.py, uvicorn, daphne, celery), as a
+    # value the settings cannot read (taskplatform/settings/environment.py).
+    refuse(reason, settings="the production settings")
 
 
 DEBUG = env.bool("DJANGO_DEBUG", default=False)  # noqa: F405

@@ -20,6 +20,7 @@ import resource
 import time
 from typing import Any
 
+from billiard.pool import EX_RECYCLE
 from celery import signals
 from django.conf import settings
 
@@ -82,18 +83,14 @@ def _job_run_ends(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
         job_log_context_reset()
 
 
-# The exit code of a pool process that has done its share (billiard.pool.EX_RECYCLE): past
-# WORKER_MAX_TASKS_PER_CHILD jobs, or over WORKER_MAX_MEMORY_PER_CHILD_MB after its last one.
-EXIT_RECYCLED = 0x9B
-
-
 @signals.worker_process_shutdown.connect
 def _pool_process_replaced(sender: Any = None, pid: int | None = None, exitcode: int | None = None,
                            **kwargs: Any) -> None:
     """In a pool process that is about to exit: say why, when it is being replaced. Over its
     memory limit is a warning (job code that holds on to memory, or a kind that needs more than the
-    limit, which then costs a new process after each of its jobs); after its tasks, a line."""
-    if exitcode != EXIT_RECYCLED:
+    limit, which then costs a new process after each of its jobs); after its tasks, a line. The
+    pool gives such a process `EX_RECYCLE` as its exit code, either way."""
+    if exitcode != EX_RECYCLE:
         return
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, as Celery reads it
     limit_kib = settings.CELERY_WORKER_MAX_MEMORY_PER_CHILD

@@ -13,7 +13,7 @@ signing key.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 import environ
 
@@ -27,7 +27,7 @@ _EXPECTED = {
 }
 
 
-def refuse(reason: str, *, settings: str = "") -> None:
+def refuse(reason: str, *, settings: str = "") -> NoReturn:
     """Stop the process with `reason`, one line, no traceback (SystemExit, not ImproperlyConfigured:
     every entry point then prints just this). `settings`: which settings refuse it, when only some do."""
     raise SystemExit(f"taskplatform refuses to start{f' with {settings}' if settings else ''}: {reason}")

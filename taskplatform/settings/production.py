@@ -9,20 +9,15 @@ from taskplatform.settings.base import *  # noqa: F403
 from taskplatform.settings.development import DEVELOPMENT_SECRET_KEY
 from taskplatform.settings.environment import refuse
 
-
-def _refuse(reason: str) -> None:
-    # One line, no traceback, in every entry point (manage.py, uvicorn, daphne, celery), as a
-    # value the settings cannot read (taskplatform/settings/environment.py).
-    refuse(reason, settings="the production settings")
-
-
 DEBUG = env.bool("DJANGO_DEBUG", default=False)  # noqa: F405
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")  # noqa: F405
 if not SECRET_KEY:
-    _refuse("DJANGO_SECRET_KEY is not set (use a long random string, e.g. "
-            "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`)")
+    # One line, no traceback, in every entry point (manage.py, uvicorn, daphne, celery).
+    refuse("DJANGO_SECRET_KEY is not set (use a long random string, e.g. "
+           "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`)", settings="the production settings")
 if SECRET_KEY == DEVELOPMENT_SECRET_KEY:
-    _refuse("DJANGO_SECRET_KEY is the development key, which anyone can read in the source")
+    refuse("DJANGO_SECRET_KEY is the development key, which anyone can read in the source",
+           settings="the production settings")
 WHITENOISE_USE_FINDERS = False
 WHITENOISE_AUTOREFRESH = False
 

@@ -1354,17 +1354,25 @@ BUDGET_PARTS = {"celery_main": "the worker's main process (Celery's consumer)",
                 "submitter": "the submitter", "total": "**all of them**"}
 
 
+PHASE_NAMES = (("bare", "bare Celery"), ("peer", "Procrastinate"), ("durable", "bare + SQL"), ("platform", "platform"))
+
+
 def budget_lines(run: dict[str, Any]) -> list[str]:
     """The throughput phases' CPU per job (`CpuBudget`), part by part, as a Markdown table."""
-    budgets = {name: run[key]["cpu_ms_per_job"] for key, name in
-               (("bare", "bare Celery"), ("peer", "Procrastinate"), ("durable", "bare + SQL"),
-                ("platform", "platform"))
+    budgets = {name: run[key]["cpu_ms_per_job"] for key, name in PHASE_NAMES
                if "cpu_ms_per_job" in run.get(key, {})}
     if not budgets:
         return []
     lines = ["| CPU ms per job | " + " | ".join(budgets) + " |", "|---|" + "---:|" * len(budgets)]
     for part, title in BUDGET_PARTS.items():
         lines.append(f"| {title} | " + " | ".join(f"{budget[part]:.2f}" for budget in budgets.values()) + " |")
+    # All of them times the rate: how much of the machine the phase kept busy. Well under its
+    # cores, the phase waited (commits, hand-offs) rather than ran out of CPU (bench/README.md).
+    rates = [run[key].get("per_second") for key, name in PHASE_NAMES if name in budgets]
+    if all(rates):
+        busy = [budget["total"] * rate / 1000 for budget, rate in zip(budgets.values(), rates, strict=True)]
+        lines.append(f"| cores busy (all of them × jobs/s), of {os.cpu_count()} | "
+                     + " | ".join(f"{cores:.2f}" for cores in busy) + " |")
     if "Procrastinate" in budgets:
         lines += ["", "(Procrastinate's worker processes are its pool processes here; its main process is a parent "
                   "that only waits for them.)"]

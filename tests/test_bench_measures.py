@@ -60,9 +60,12 @@ def test_the_cpu_budget_counts_a_pool_process_that_ended_apart_from_the_main_pro
 
 def test_the_budget_table_lists_each_part_of_each_phase():
     part = {"celery_main": 1.0, "pool": 2.0, "postgres": 0.5, "redis": 0.25, "submitter": 0.25, "total": 4.0}
-    lines = budget_lines({"bare": {"cpu_ms_per_job": part}, "platform": {"cpu_ms_per_job": part}})
+    lines = budget_lines({"bare": {"cpu_ms_per_job": part, "per_second": 500.0},
+                          "platform": {"cpu_ms_per_job": part, "per_second": 125.0}})
     assert lines[0] == "| CPU ms per job | bare Celery | platform |"
     assert "| its pool processes (the tasks) | 2.00 | 2.00 |" in lines
+    # 4 ms a job at 500 jobs/s is two cores busy; at 125 jobs/s, half of one.
+    assert lines[-1] == f"| cores busy (all of them × jobs/s), of {os.cpu_count()} | 2.00 | 0.50 |"
     assert budget_lines({}) == []
 
 

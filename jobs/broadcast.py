@@ -112,7 +112,10 @@ class DirectPush:
         that Redis refused before running any of it (`REFUSED_UNRUN`: it lost the script, or
         the server became a replica) is raised back (`Unsent`) with the others refused, to go
         another way: a new connection loads the script, and finds the master through the
-        Sentinels."""
+        Sentinels. So are the pushes written after it whose answers have not come yet: this
+        connection is given up, their answers would never be read, and Redis refuses them as it
+        refused the first (were one run after all, a job's stream drops its second copy by its
+        `seq`, and the feed says the same status twice)."""
         refused: list[tuple[str, dict[str, Any]]] = []
         refused_reason = ""
         while True:
@@ -137,7 +140,11 @@ class DirectPush:
             if not more:
                 break
         if refused:
-            raise Unsent(f"Redis ran none of {len(refused)} push(es): {refused_reason}", refused)
+            unanswered = [push for pushes in self.unanswered for push in pushes]
+            self.unanswered.clear()
+            after = f" (and {len(unanswered)} written after, unanswered yet)" if unanswered else ""
+            raise Unsent(f"Redis ran none of {len(refused)} push(es){after}: {refused_reason}",
+                         [*refused, *unanswered])
 
     def drain(self, deadline: float) -> bool:
         """Wait (until the monotonic `deadline`) for the answers to every push written: then

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
+import socket
 import threading
 import time
 import uuid
@@ -479,6 +481,54 @@ def test_a_redis_that_forgot_the_push_script_gets_it_again_and_loses_no_push(cap
     assert direct_ready() is not direct
     publish("bench.noscript", {"type": "test.message", "number": 5})
     assert [message["number"] for message in received(channel, 6)] == list(range(6))
+
+
+class _AnswersLate:
+    """The direct path's socket to the real Redis, with the network's timing held: no answer has
+    come until `arrive()`, and then one comes per read (as separate packets would)."""
+
+    def __init__(self, real) -> None:
+        self.real, self.arrived = real, False
+
+    def arrive(self) -> None:
+        self.arrived = True
+
+    def recv(self, size: int) -> bytes:
+        if not self.arrived:
+            raise BlockingIOError
+        waiting = self.real.recv(size, socket.MSG_PEEK)
+        return self.real.recv(min(size, waiting.index(b"\r\n") + 2))
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+def test_pushes_written_after_a_refused_one_go_again_with_it():
+    """Redis refused the first of two pushes already written (`SCRIPT FLUSH`) and the second's
+    answer has not come: both go another way, in order, with the push at hand; none is left
+    behind on the connection being given up."""
+    import redis as redis_py
+    from django.conf import settings
+
+    layer = broadcast.channel_layers.make_backend(broadcast.DEFAULT_CHANNEL_LAYER)
+    direct = broadcast.DirectPush(layer, layer.push_connection(2.0))
+    try:
+        pushes = [("bench.late", {"type": "test.message", "number": number}) for number in range(3)]
+        direct.send([pushes[0]])  # a push that runs, answered: Redis has the script
+        assert direct.drain(time.monotonic() + 5)
+        redis_py.Redis.from_url(settings.REDIS_URL).script_flush()
+        direct.socket = _AnswersLate(direct.socket)
+        direct.send([pushes[1]])
+        direct.send([pushes[2]])
+        direct.socket.arrive()
+        select.select([direct.socket.real], [], [], 5)
+        with pytest.raises(broadcast.Unsent) as refused:
+            direct.send([("bench.late", {"type": "test.message", "number": 3})])
+        assert [message["number"] for _, message in refused.value.pushes] == [1, 2, 3]
+        assert "Redis ran none of 1 push(es) (and 1 written after, unanswered yet): NOSCRIPT" in str(refused.value)
+        assert not direct.unanswered
+    finally:
+        direct.close()
 
 
 def test_a_publisher_sends_through_its_thread_until_the_direct_path_is_connected():

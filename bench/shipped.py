@@ -147,6 +147,81 @@ class CommitProbe:
         return {**summary_ms(took), "over_50_ms": sum(1 for ms in took if ms > 50)}
 
 
+class PgWaits:
+    """What PostgreSQL's backends running a job's moves were doing while a throughput phase ran
+    (`--pg-waits`): `pg_stat_activity` read every `interval` seconds on a connection of its own, in
+    a thread of its own, and each active backend whose statement is a move (`WITH j AS (UPDATE`:
+    the claim and the outcome, the platform's and the floor's alike) counted by its wait: on the
+    CPU, flushing the write-ahead log (its commit's `WALSync`/`WALWrite` I/O), waiting for another
+    backend's flush (the `WALWrite` lock), waiting for its client, or something else. Off unless
+    asked for: the reads take some of PostgreSQL's CPU from the phase (about 200 a second)."""
+
+    MOVE = "WITH j AS (UPDATE%"
+    KINDS = ("on the CPU", "flushing the log", "waiting for another's flush", "waiting for the client", "other")
+
+    def __init__(self, dsn: str | None, interval: float = 0.005) -> None:
+        self.dsn, self.interval = dsn, interval
+        self.counts = dict.fromkeys(self.KINDS, 0)
+        self.samples = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-pg-waits", daemon=True)
+
+    @classmethod
+    def kind(cls, wait_type: str | None, wait: str | None) -> str:
+        if wait_type is None:
+            return "on the CPU"
+        if wait_type == "IO" and wait in ("WALSync", "WALWrite"):
+            return "flushing the log"
+        if wait_type == "LWLock" and wait == "WALWrite":
+            return "waiting for another's flush"
+        if wait_type == "Client":
+            return "waiting for the client"
+        return "other"
+
+    def __enter__(self) -> PgWaits:
+        if self.dsn is not None:
+            import psycopg
+
+            self.conn = psycopg.connect(self.dsn, autocommit=True)
+            self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            rows = self.conn.execute(
+                "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE state = 'active' "
+                "AND datname = current_database() AND pid <> pg_backend_pid() AND query LIKE %s",
+                [self.MOVE]).fetchall()
+            self.samples += 1
+            for wait_type, wait in rows:
+                self.counts[self.kind(wait_type, wait)] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self.dsn is not None:
+            self.stopping.set()
+            self.thread.join(timeout=30)
+            self.conn.close()
+
+    def summary(self) -> dict[str, Any]:
+        """Each kind's share of the moves' active time (%), how many samples, and how many moves
+        were active in a sample on average. Empty when off."""
+        seen = sum(self.counts.values())
+        if self.dsn is None or not self.samples:
+            return {}
+        return {"samples": self.samples, "active_per_sample": round(seen / self.samples, 2),
+                "shares_percent": {kind: round(100 * count / seen, 1) if seen else 0.0
+                                   for kind, count in self.counts.items()}}
+
+
+def pg_waits_text(waits: dict[str, Any] | None) -> str:
+    """A phase's `PgWaits.summary()` on one line (empty without one)."""
+    if not waits:
+        return ""
+    shares = ", ".join(f"{kind} {share:.0f} %" for kind, share in waits["shares_percent"].items() if share >= 0.5)
+    return (f"PostgreSQL's backends on the job's moves: {shares} ({waits['samples']} samples, "
+            f"{waits['active_per_sample']} active in each)")
+
+
 # --- The platform as `make run` starts it ------------------------------------------------------------
 
 
@@ -691,10 +766,12 @@ def durable_tables_drop() -> None:
         conn.execute(f"DROP TABLE IF EXISTS {bare_durable.EVENTS}, {bare_durable.JOBS}")
 
 
-def durable_phase(count: int, concurrency: int, redis_url: str, profile_dir: Path | None = None) -> dict[str, Any]:
+def durable_phase(count: int, concurrency: int, redis_url: str, profile_dir: Path | None = None,
+                  waits_dsn: str | None = None) -> dict[str, Any]:
     """bare Celery plus the platform's own SQL per job (bench/bare_durable.py), until the bench's
     copy of the jobs table says all N are completed. With `profile_dir`, its worker is sampled as
-    the platform's is (`durable_worker.txt`): the two side by side."""
+    the platform's is (`durable_worker.txt`): the two side by side; with `waits_dsn`, what its
+    statements waited for in PostgreSQL (`PgWaits`)."""
     from bench import bare_durable
 
     with durable_worker(concurrency, redis_url) as (worker, conn, completed):
@@ -706,10 +783,11 @@ def durable_phase(count: int, concurrency: int, redis_url: str, profile_dir: Pat
         budget.start()
         done = completed()
         started = time.perf_counter()
-        ids = bare_durable.submit(conn, count)
-        submitted = time.perf_counter() - started
-        wait_for(lambda: completed() >= done + count, 600, f"{count} durable baseline jobs", interval=0.25)
-        seconds = time.perf_counter() - started
+        with PgWaits(waits_dsn) as waits:
+            ids = bare_durable.submit(conn, count)
+            submitted = time.perf_counter() - started
+            wait_for(lambda: completed() >= done + count, 600, f"{count} durable baseline jobs", interval=0.25)
+            seconds = time.perf_counter() - started
         cpu_ms = budget.stop(count)
         first, last = conn.execute(f"SELECT min(started_at), max(finished_at) FROM {bare_durable.JOBS} "
                                    "WHERE id = ANY(%s::uuid[])", [ids]).fetchone()
@@ -717,7 +795,7 @@ def durable_phase(count: int, concurrency: int, redis_url: str, profile_dir: Pat
                 "submit_seconds": round(submitted, 3), **drain_figures(count, since, first, last),
                 "worker_cpu_seconds_with_start": tree_cpu_seconds(worker.pid), "cpu_ms_per_job": cpu_ms,
                 "statements": json.loads(DURABLE_STATEMENTS.read_text()), "scans": scans.stop(),
-                "profile_worker": profile.top()}
+                "profile_worker": profile.top(), "pg_waits": waits.summary()}
 
 
 def drain_figures(count: int, since: datetime, first: datetime | None, last: datetime | None) -> dict[str, Any]:
@@ -730,8 +808,10 @@ def drain_figures(count: int, since: datetime, first: datetime | None, last: dat
             "drain_per_second": round(count / drain, 1) if drain > 0 else None}
 
 
-def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = None) -> dict[str, Any]:
-    """`manage.py submit demo.noop --count N`, until the database says all are completed."""
+def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = None,
+                   waits_dsn: str | None = None) -> dict[str, Any]:
+    """`manage.py submit demo.noop --count N`, until the database says all are completed. With
+    `waits_dsn`, what its statements waited for in PostgreSQL (`PgWaits`)."""
     from django.db import connection
     from django.db.models import Max, Min
 
@@ -746,22 +826,23 @@ def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = Non
     budget = CpuBudget(shipped.service_pid("worker"))
     budget.start()
     started = time.perf_counter()
-    submit = subprocess.run([str(RUN_BIN / "python"), "manage.py", "submit", "demo.noop", "--count", str(count)],
-                            cwd=BASE_DIR, env=shipped.env, capture_output=True, text=True)
-    if submit.returncode:
-        raise SystemExit(f"bench: manage.py submit failed: {submit.stderr[-2000:]}")
-    submitted = time.perf_counter() - started
-    ids = submit.stdout.split()
-    rss_peak = shipped.rss_mb()
+    with PgWaits(waits_dsn) as waits:
+        submit = subprocess.run([str(RUN_BIN / "python"), "manage.py", "submit", "demo.noop", "--count", str(count)],
+                                cwd=BASE_DIR, env=shipped.env, capture_output=True, text=True)
+        if submit.returncode:
+            raise SystemExit(f"bench: manage.py submit failed: {submit.stderr[-2000:]}")
+        submitted = time.perf_counter() - started
+        ids = submit.stdout.split()
+        rss_peak = shipped.rss_mb()
 
-    def done() -> bool:
-        nonlocal rss_peak
-        rss_peak = max(rss_peak, shipped.rss_mb())
-        finished = Job.objects.filter(created_at__gte=since, kind="demo.noop", status__in=["completed", "failed"])
-        return finished.count() >= len(ids)
+        def done() -> bool:
+            nonlocal rss_peak
+            rss_peak = max(rss_peak, shipped.rss_mb())
+            finished = Job.objects.filter(created_at__gte=since, kind="demo.noop", status__in=["completed", "failed"])
+            return finished.count() >= len(ids)
 
-    wait_for(done, 900, f"{count} platform jobs", interval=0.25)
-    seconds = time.perf_counter() - started
+        wait_for(done, 900, f"{count} platform jobs", interval=0.25)
+        seconds = time.perf_counter() - started
     cpu_ms = budget.stop(len(ids))
     ran = Job.objects.filter(created_at__gte=since, kind="demo.noop")
     failed = ran.filter(status="failed").count()
@@ -770,7 +851,7 @@ def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = Non
             "submit_seconds": round(submitted, 3), **drain_figures(len(ids), since, span["first"], span["last"]),
             "failed": failed, "rss_under_load_mb": rss_peak,
             "cpu_seconds": cpu_delta(cpu_before, shipped.cpu_by_service()), "cpu_ms_per_job": cpu_ms,
-            "profile_worker": profile.top(), "scans": scans.stop()}
+            "profile_worker": profile.top(), "scans": scans.stop(), "pg_waits": waits.summary()}
 
 
 class _ApiConnection(asyncio.Protocol):
@@ -1206,18 +1287,23 @@ def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurr
               f"deferred in {peer['submit_seconds']} s, drained at {peer.get('drain_per_second')}/s, worker cpu "
               f"{peer['worker_cpu_seconds_with_start']} s)", flush=True)
     if "durable" in phases:
-        result["durable"] = durable_phase(args.count, worker_concurrency, os.environ["REDIS_URL"], args.profile)
+        result["durable"] = durable_phase(args.count, worker_concurrency, os.environ["REDIS_URL"], args.profile,
+                                          waits_dsn(args))
         durable = result["durable"]
         print(f"  bare + SQL    {durable['per_second']:8.1f} jobs/s  (the platform's two statements per job, "
               f"no Django; submitted in {durable['submit_seconds']} s, drained at "
               f"{durable.get('drain_per_second')}/s, worker cpu {durable['worker_cpu_seconds_with_start']} s"
               f"{scans_text(durable.get('scans'))})", flush=True)
+        if waits := pg_waits_text(durable.get("pg_waits")):
+            print(f"                {waits}", flush=True)
     if "platform" in phases:
-        result["platform"] = platform_phase(args.count, shipped, args.profile)
+        result["platform"] = platform_phase(args.count, shipped, args.profile, waits_dsn(args))
         run = result["platform"]
         print(f"  platform      {run['per_second']:8.1f} jobs/s  (submitted in {run['submit_seconds']} s, "
               f"first claim after {run.get('first_claim_after_s')} s, drained at {run.get('drain_per_second')}/s"
               f"{scans_text(run.get('scans'))})  cpu {run['cpu_seconds']}", flush=True)
+        if waits := pg_waits_text(run.get("pg_waits")):
+            print(f"                {waits}", flush=True)
     if "bare" in result and "platform" in result:
         result["ratio"] = round(result["platform"]["per_second"] / result["bare"]["per_second"], 3)
         drained = result["platform"].get("drain_per_second")
@@ -1235,6 +1321,11 @@ def throughput_round(args: argparse.Namespace, shipped: Platform, worker_concurr
     for line in budget_lines(result):
         print(f"  {line}", flush=True)
     return result
+
+
+def waits_dsn(args: argparse.Namespace) -> str | None:
+    """The database whose backends `--pg-waits` reads, or None without it."""
+    return os.environ["DATABASE_URL"] if args.pg_waits else None
 
 
 def tables_warm(args: argparse.Namespace, shipped: Platform, worker_concurrency: int, phases: set[str]) -> None:
@@ -1498,6 +1589,10 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="sample the worker (platform phase; the floor's in its phase) and the web server "
                              "(API phase) with py-spy; collapsed stacks in DIR, the top frames in the results")
+    parser.add_argument("--pg-waits", action="store_true",
+                        help="read PostgreSQL's pg_stat_activity every 5 ms through the floor's and the platform's "
+                             "phases: what the backends running the jobs' moves waited for (the log's flush, "
+                             "another's flush, the CPU, the client)")
     parser.add_argument("--profile-wall", action="store_true",
                         help="with --profile: sample every thread, idle ones included (where the time goes, "
                              "not only the CPU)")

@@ -1,18 +1,20 @@
 """The measures `bench/shipped.py` reads its figures with: PostgreSQL's commit probe (a slow
-request set against the commits of the same moment) and the CPU budget (a worker's main process
-apart from its pool processes, ended ones included)."""
+request set against the commits of the same moment), what the backends running the jobs' moves
+wait for (`--pg-waits`) and the CPU budget (a worker's main process apart from its pool processes,
+ended ones included)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import psycopg
 import pytest
 
-from bench.shipped import CommitProbe, budget_lines, worker_cpu_split
+from bench.shipped import CommitProbe, PgWaits, budget_lines, pg_waits_text, worker_cpu_split
 
 DSN = os.environ.get("DATABASE_URL", "")
 
@@ -56,6 +58,49 @@ def test_the_cpu_budget_counts_a_pool_process_that_ended_apart_from_the_main_pro
     finally:
         main.kill()
         main.wait()
+
+
+@needs_postgresql
+def test_the_waits_sampler_counts_only_the_moves_and_tells_cpu_from_a_wait():
+    """A statement shaped like a job's move counts, by what its backend does; another does not."""
+    table = f"bench_pg_waits_{os.getpid()}"
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (n int)")
+        conn.execute(f"INSERT INTO {table} VALUES (0)")
+        try:
+            with PgWaits(DSN, interval=0.005) as unshaped:
+                conn.execute("SELECT pg_sleep(0.3)")
+            assert unshaped.samples > 10 and sum(unshaped.counts.values()) == 0
+
+            def moves() -> None:
+                with psycopg.connect(DSN, autocommit=True) as mover:
+                    mover.execute(f"WITH j AS (UPDATE {table} SET n = n + 1 RETURNING n) SELECT pg_sleep(0.3) FROM j")
+                    mover.execute(f"WITH j AS (UPDATE {table} SET n = n + 1 RETURNING n) "
+                                  "SELECT count(*) FROM j, generate_series(1, 3000000)")
+
+            with PgWaits(DSN, interval=0.005) as waits:
+                mover = threading.Thread(target=moves)
+                mover.start()
+                mover.join(timeout=30)
+            assert waits.counts["other"] > 10  # pg_sleep: a wait of another kind
+            assert waits.counts["on the CPU"] > 10  # counting a series: the CPU
+            summary = waits.summary()
+            assert summary["samples"] == waits.samples
+            assert sum(summary["shares_percent"].values()) == pytest.approx(100, abs=0.5)
+            assert "PostgreSQL's backends on the job's moves: on the CPU" in pg_waits_text(summary)
+        finally:
+            conn.execute(f"DROP TABLE {table}")
+
+
+def test_the_waits_sampler_names_the_log_flushes_and_is_off_unless_asked():
+    assert PgWaits.kind(None, None) == "on the CPU"
+    assert PgWaits.kind("IO", "WALSync") == PgWaits.kind("IO", "WALWrite") == "flushing the log"
+    assert PgWaits.kind("LWLock", "WALWrite") == "waiting for another's flush"
+    assert PgWaits.kind("Client", "ClientRead") == "waiting for the client"
+    assert PgWaits.kind("Lock", "transactionid") == "other"
+    with PgWaits(None) as off:
+        pass
+    assert off.summary() == {} and pg_waits_text(off.summary()) == "" and not off.thread.is_alive()
 
 
 def test_the_budget_table_lists_each_part_of_each_phase():

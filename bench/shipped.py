@@ -1450,8 +1450,8 @@ PHASE_NAMES = (("bare", "bare Celery"), ("peer", "Procrastinate"), ("durable", "
 
 def budget_lines(run: dict[str, Any]) -> list[str]:
     """The throughput phases' CPU per job (`CpuBudget`), part by part, as a Markdown table."""
-    budgets = {name: run[key]["cpu_ms_per_job"] for key, name in PHASE_NAMES
-               if "cpu_ms_per_job" in run.get(key, {})}
+    phases = {name: run[key] for key, name in PHASE_NAMES if "cpu_ms_per_job" in run.get(key, {})}
+    budgets = {name: phase["cpu_ms_per_job"] for name, phase in phases.items()}
     if not budgets:
         return []
     lines = ["| CPU ms per job | " + " | ".join(budgets) + " |", "|---|" + "---:|" * len(budgets)]
@@ -1459,9 +1459,8 @@ def budget_lines(run: dict[str, Any]) -> list[str]:
         lines.append(f"| {title} | " + " | ".join(f"{budget[part]:.2f}" for budget in budgets.values()) + " |")
     # All of them times the rate: how much of the machine the phase kept busy. Well under its
     # cores, the phase waited (commits, hand-offs) rather than ran out of CPU (bench/README.md).
-    rates = [run[key].get("per_second") for key, name in PHASE_NAMES if name in budgets]
-    if all(rates):
-        busy = [budget["total"] * rate / 1000 for budget, rate in zip(budgets.values(), rates, strict=True)]
+    if all(phase.get("per_second") for phase in phases.values()):
+        busy = [phase["cpu_ms_per_job"]["total"] * phase["per_second"] / 1000 for phase in phases.values()]
         lines.append(f"| cores busy (all of them × jobs/s), of {os.cpu_count()} | "
                      + " | ".join(f"{cores:.2f}" for cores in busy) + " |")
     if "Procrastinate" in budgets:

@@ -36,7 +36,12 @@ _ZERO = timedelta(0)
 # field built per call was 2 % of a no-op job's CPU).
 _TIMESTAMP = DateTimeField()
 # How far `jobs.testing.Clock` has moved the clock (a function: the harness's offset grows).
-_shift: Callable[[], timedelta] = lambda: _ZERO  # noqa: E731
+_unshifted: Callable[[], timedelta] = lambda: _ZERO  # noqa: E731
+_shift = _unshifted
+# `db_now_plus`'s expressions by their seconds while the clock is not moved (every run's moves ask
+# for the same few: a claim's lease, a retry's delay); a dict's lookup, where a timedelta made and
+# hashed each time was about 1.5 % of a pool process's CPU per no-op job (bench/README.md).
+_by_seconds: dict[float, Expression] = {}
 
 
 def db_now() -> Expression:
@@ -51,6 +56,14 @@ def db_now_plus(seconds: float) -> Expression:
     expression before it resolves it into a statement, so one object serves every statement,
     and a move that writes it finds its statement's shape already worked out on it
     (`jobs.statements`: a claim's and a lease renewal's are the same every time)."""
+    if _shift is _unshifted:
+        try:
+            return _by_seconds[seconds]
+        except KeyError:
+            expression = _expression_for(timedelta(seconds=seconds))
+            if len(_by_seconds) < _expression_for.cache_info().maxsize:
+                _by_seconds[seconds] = expression
+            return expression
     return _expression_for(timedelta(seconds=seconds) + _shift())
 
 

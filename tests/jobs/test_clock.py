@@ -132,3 +132,16 @@ def test_the_harness_clock_moves_the_databases_clock_for_the_platform():
         assert Job.objects.filter(pk=job.pk, run_after__gt=db_now()).exists()
     assert timedelta(hours=2) <= shifted - before < timedelta(hours=2, minutes=1)
     assert Job.objects.get(pk=job.pk).run_after - database_now() > timedelta(hours=2)
+
+
+def test_a_time_from_now_is_one_object_per_seconds_and_a_moved_clock_gets_its_own():
+    # Kept by their seconds while the clock is not moved (a claim's lease, a retry's delay): the
+    # moves find their statements' shapes on them. A moved clock must not be served from there.
+    assert db_now_plus(60) is db_now_plus(60) is db_now_plus(60.0)
+    assert db_now_plus(0) is db_now()
+    unmoved = db_now_plus(60)
+    with clock_shift(lambda: timedelta(hours=2)):
+        moved = db_now_plus(60)
+        assert moved is not unmoved
+        assert "seconds=7260" in str(moved)  # two hours and a minute
+    assert db_now_plus(60) is unmoved

@@ -14,7 +14,12 @@ Each round times, on the same connection to PostgreSQL and Redis, back to back:
 It prints each round's CPU per job (this process's, `time.process_time`) and the median round,
 the Python calls per job of each (cProfile, one counted pass of 200 jobs: a figure the machine's
 speed does not move) and, with PostgreSQL on this machine, the CPU each side's backend spent per
-job (from its /proc entry). Then the receivers of Celery's `task_prerun` and `task_postrun` around
+job (from its /proc entry). Then a job's two moves taken apart (`MOVE_SIDES`, each round's figures
+over that round's floor, the sides' order reversed every other round): the claim and the completion
+through every layer of a move (`job_claim`, `job_complete`), the same two statements with the same
+parameters sent straight to `prepared_fetch` with and without a `Job` built from each row, and the
+floor's two statements through the same `prepared_fetch`, all on the platform's tables and
+connection. Then the receivers of Celery's `task_prerun` and `task_postrun` around
 a `jobs.run` task (what a pool process runs before and after each job), as Celery's Django fix-up
 connects them and after the platform's worker took the fix-up's per-task work over
 (`taskplatform.celery`), alternating: CPU per task. The jobs are written before each timed loop,
@@ -97,6 +102,90 @@ def floor_side(dsn: str) -> tuple[Callable[[int], list], Callable[[list], None],
             cursor.execute(statements["outcome"], params).fetchone()
 
     return make, run, conn
+
+
+MOVE_SIDES = ("every layer", "straight, a Job read", "straight", "the floor's statements")
+
+
+def moves_apart(count: int, rounds: int) -> dict[str, Any]:
+    """CPU ms per job of a job's two moves (the claim, the completion), sent four ways
+    (`MOVE_SIDES`) on the platform's tables and connection, and each way's ratio to the last in the
+    same round (the machine's speed moves between rounds; the order is reversed every other one)."""
+    from django.db import connection
+
+    from bench import bare_durable
+    from dbkit import prepared
+    from dbkit.instances import instance_from_row
+    from jobs.models import Job, JobEvent, _job_row_reading, converted
+    from jobs.services import job_claim, job_complete
+
+    make, _ = platform_side()
+    sent: list[tuple[str, list]] = []
+
+    def spy(conn: Any, sql: str, params: Any, **kwargs: Any) -> Any:
+        sent.append((sql, list(params)))
+        return prepared.prepared_fetch(conn, sql, params, **kwargs)
+
+    with mock.patch("jobs.models.prepared_fetch", spy):  # the platform's two statements, as sent
+        claimed = job_claim(job_id=make(1)[0], worker="bench pid 0", task_id="bench")
+        job_complete(job=claimed, result={})
+    if len(sent) != 2:
+        raise SystemExit(f"bench: a job's two moves sent {len(sent)} statements through prepared_fetch, not 2")
+    # Where the job's id goes in each statement's parameters (the event's time is the last).
+    moves = [(sql, params, next(i for i, value in enumerate(params) if isinstance(value, uuid.UUID)))
+             for sql, params in sent]
+    floor = {name: sql.replace(bare_durable.JOBS, Job._meta.db_table).replace(
+        bare_durable.EVENTS, JobEvent._meta.db_table) for name, sql in bare_durable.capture_statements().items()}
+
+    def layers(ids: list) -> None:
+        for job_id in ids:
+            job_complete(job=job_claim(job_id=job_id, worker="bench pid 0", task_id="bench"), result={})
+
+    def straight(ids: list, read: bool) -> None:
+        _, attnames, converting, _ = _job_row_reading(connection)
+        count = len(attnames)
+        for job_id in ids:
+            for sql, template, at in moves:
+                params = list(template)
+                params[at], params[-1] = uuid.UUID(str(job_id)), datetime.now(UTC)
+                row = prepared.prepared_fetch(connection, sql, params, one=True)
+                if row is None:
+                    raise SystemExit(f"bench: job {job_id}: a straight move matched no row")
+                if read:
+                    values = list(row[:count])
+                    for index, field, converters in converting:
+                        values[index] = converted(values[index], field, converters, connection)
+                    instance_from_row(Job, connection.alias, attnames, values)
+
+    def floors(ids: list) -> None:
+        for job_id in ids:
+            params = {"id": str(job_id), "worker": "bench pid 0", "task": "bench", "now": datetime.now(UTC)}
+            for name in ("claim", "outcome"):
+                if prepared.prepared_fetch(connection, floor[name], params, one=True) is None:
+                    raise SystemExit(f"bench: job {job_id}: the floor's {name} matched no row")
+                params["now"] = datetime.now(UTC)
+
+    sides = dict(zip(MOVE_SIDES, (layers, lambda ids: straight(ids, True), lambda ids: straight(ids, False),
+                                  floors), strict=True))
+    for run in sides.values():
+        run(make(WARMUP))
+    per_round = []
+    for number in range(1, rounds + 1):
+        row: dict[str, Any] = {"round": number}
+        for name in (MOVE_SIDES if number % 2 else MOVE_SIDES[::-1]):
+            ids = make(count)
+            cpu = time.process_time()
+            sides[name](ids)
+            row[name] = round((time.process_time() - cpu) / len(ids) * 1000, 4)
+        per_round.append(row)
+        print(f"round {number}: a job's two moves, CPU ms per job: "
+              + ", ".join(f"{name} {row[name]:.3f}" for name in MOVE_SIDES), flush=True)
+    base = MOVE_SIDES[-1]
+    return {"rounds": per_round,
+            "median_cpu_ms_per_job": {name: round(statistics.median(row[name] for row in per_round), 4)
+                                      for name in MOVE_SIDES},
+            "median_over_floor": {name: round(statistics.median(row[name] / row[base] for row in per_round), 3)
+                                  for name in MOVE_SIDES}}
 
 
 SIGNAL_SIDES = ("fix-up's receivers", "taken over")
@@ -220,7 +309,8 @@ def measure(count: int, rounds: int, dsn: str) -> dict[str, Any]:
               for name in sides if all("postgres_cpu_ms_per_job" in row[name] for row in per_round)}
     return {"rounds": per_round, "median_cpu_ms_per_job": median, "median_postgres_cpu_ms_per_job": server,
             "median_ratio": round(statistics.median(row["ratio"] for row in per_round), 2),
-            "python_calls_per_job": calls, "task_signals": task_signals(count, rounds)}
+            "python_calls_per_job": calls, "moves_apart": moves_apart(count, rounds),
+            "task_signals": task_signals(count, rounds)}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -247,6 +337,17 @@ def markdown(result: dict[str, Any]) -> str:
     if len(server) == 2:
         lines += [f"PostgreSQL's CPU per job (each side's backend): the platform {server['platform']:.3f} ms, "
                   f"the floor {server['floor']:.3f} ms (medians).", ""]
+    apart = result.get("moves_apart")
+    if apart:
+        over = apart["median_over_floor"]
+        lines += ["A job's two moves taken apart, on the platform's tables and connection: CPU ms per job, and each "
+                  "round's figure over that round's last column (medians):", "",
+                  "| round | " + " | ".join(MOVE_SIDES) + " |", "|---:|" + "---:|" * len(MOVE_SIDES)]
+        for row in apart["rounds"]:
+            lines.append(f"| {row['round']} | " + " | ".join(f"{row[name]:.3f}" for name in MOVE_SIDES) + " |")
+        medians = apart["median_cpu_ms_per_job"]
+        lines += ["| median | " + " | ".join(f"{medians[name]:.3f}" for name in MOVE_SIDES) + " |",
+                  "| × the floor's | " + " | ".join(f"{over[name]:.2f}" for name in MOVE_SIDES) + " |", ""]
     signals = result.get("task_signals")
     if signals:
         lines += ["The task signals around each `jobs.run` task (`task_prerun` and `task_postrun`), CPU µs per task:",

@@ -36,12 +36,19 @@ def test_the_job_path_bench_times_both_sides_and_counts_their_calls():
     calls = result["python_calls_per_job"]
     assert calls["platform"] > calls["floor"] > 0
     # Every job the platform's side made ran to its end: the one whose statements the floor takes, the
-    # warm-up's, both rounds', the counted pass's.
-    assert Job.objects.filter(status=Job.Status.COMPLETED).count() == 1 + job_path.WARMUP + 2 * 12 + 12
+    # warm-up's, both rounds', the counted pass's; then the moves taken apart: the one whose statements
+    # the straight sides send, the one whose statements the floor's side takes, and each of the four
+    # sides' warm-up and rounds.
+    apart_jobs = 2 + len(job_path.MOVE_SIDES) * (job_path.WARMUP + 2 * 12)
+    assert Job.objects.filter(status=Job.Status.COMPLETED).count() == 1 + job_path.WARMUP + 2 * 12 + 12 + apart_jobs
     assert not Job.objects.exclude(status=Job.Status.COMPLETED).exists()
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass(%s), to_regclass(%s)", [bare_durable.JOBS, bare_durable.EVENTS])
         assert cursor.fetchone() == (None, None)
+    apart = result["moves_apart"]
+    assert [row["round"] for row in apart["rounds"]] == [1, 2]
+    assert all(row[side] > 0 for row in apart["rounds"] for side in job_path.MOVE_SIDES)
+    assert apart["median_over_floor"][job_path.MOVE_SIDES[-1]] == 1
     signals = result["task_signals"]
     assert [row["round"] for row in signals["rounds"]] == [1, 2]
     assert all(row[side] > 0 for row in signals["rounds"] for side in job_path.SIGNAL_SIDES)

@@ -46,10 +46,11 @@ app.conf.update(task_acks_late=True, worker_prefetch_multiplier=1, task_serializ
 refuse_django(app)
 
 
-def capture_statements(job_kind: str = "demo.noop") -> dict[str, str]:
+def capture_statements(job_kind: str = "demo.noop", jobs_table: str = JOBS,
+                       events_table: str = EVENTS) -> dict[str, str]:
     """Run one `job_kind` job through the platform's own runner, in this (Django) process, and
-    return the statements it sent for the run, as templates over the bench's tables: the job's
-    id, the worker, the task id and the event's time become parameters."""
+    return the statements it sent for the run, as templates over the bench's tables (or the two
+    named): the job's id, the worker, the task id and the event's time become parameters."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -74,7 +75,7 @@ def capture_statements(job_kind: str = "demo.noop") -> dict[str, str]:
         if not sep:
             raise SystemExit(f"bench: no event time in {sql}")
         sql = head[: head.rindex("'")] + "%(now)s::timestamptz FROM j" + tail
-        return sql.replace('"jobs_jobevent"', f'"{EVENTS}"').replace('"jobs_job"', f'"{JOBS}"')
+        return sql.replace('"jobs_jobevent"', f'"{events_table}"').replace('"jobs_job"', f'"{jobs_table}"')
 
     claim, outcome = (template(s) for s in statements)
     return {"claim": claim, "outcome": outcome}

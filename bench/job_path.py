@@ -115,8 +115,7 @@ def moves_apart(count: int, rounds: int) -> dict[str, Any]:
 
     from bench import bare_durable
     from dbkit import prepared
-    from dbkit.instances import instance_from_row
-    from jobs.models import Job, JobEvent, _job_row_reading, converted
+    from jobs.models import Job, JobEvent, job_from_row
     from jobs.services import job_claim, job_complete
 
     make, _ = platform_side()
@@ -134,16 +133,13 @@ def moves_apart(count: int, rounds: int) -> dict[str, Any]:
     # Where the job's id goes in each statement's parameters (the event's time is the last).
     moves = [(sql, params, next(i for i, value in enumerate(params) if isinstance(value, uuid.UUID)))
              for sql, params in sent]
-    floor = {name: sql.replace(bare_durable.JOBS, Job._meta.db_table).replace(
-        bare_durable.EVENTS, JobEvent._meta.db_table) for name, sql in bare_durable.capture_statements().items()}
+    floor = bare_durable.capture_statements(jobs_table=Job._meta.db_table, events_table=JobEvent._meta.db_table)
 
     def layers(ids: list) -> None:
         for job_id in ids:
             job_complete(job=job_claim(job_id=job_id, worker="bench pid 0", task_id="bench"), result={})
 
     def straight(ids: list, read: bool) -> None:
-        _, attnames, converting, _ = _job_row_reading(connection)
-        count = len(attnames)
         for job_id in ids:
             for sql, template, at in moves:
                 params = list(template)
@@ -152,10 +148,7 @@ def moves_apart(count: int, rounds: int) -> dict[str, Any]:
                 if row is None:
                     raise SystemExit(f"bench: job {job_id}: a straight move matched no row")
                 if read:
-                    values = list(row[:count])
-                    for index, field, converters in converting:
-                        values[index] = converted(values[index], field, converters, connection)
-                    instance_from_row(Job, connection.alias, attnames, values)
+                    job_from_row(row, using=connection.alias, connection=connection)
 
     def floors(ids: list) -> None:
         for job_id in ids:

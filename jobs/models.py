@@ -77,7 +77,8 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
     if connection is None:
         connection = connections[using]
     update_sql, params = statement
-    columns, attnames, converting, followed = _job_row_reading(connection)
+    reading = _job_row_reading(connection)
+    columns, attnames, _, followed = reading
     insert_sql = None
     if then_insert is not None:
         insert_sql, insert_params = then_insert
@@ -87,14 +88,9 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
     if row is None:
         return None
     inserted_id = row[-1] if then_insert is not None else None
-    # What a queryset does to a fetched row, without the cost of a RawQuerySet (this is
-    # the hot path of every status change): the backend's and the fields' converters.
-    count = len(attnames)
-    values = list(row[:count])
-    for index, field, converters in converting:
-        values[index] = converted(values[index], field, converters, connection)
-    job = instance_from_row(Job, using, attnames, values)
+    job = job_from_row(row, using=using, connection=connection, reading=reading)
     job._inserted_id = inserted_id
+    count = len(attnames)
     # Who follows it, as the statement found (`jobs.followed`): its events' pushes go only there.
     job._followed = (row[count], row[count + 1]) if followed else EVERYONE
     return job
@@ -112,6 +108,18 @@ def _returning_statement(update_sql: str, insert_sql: str | None, columns: str) 
     if insert_sql is not None:
         sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
     return sql
+
+
+def job_from_row(row: Any, *, using: str, connection: Any, reading: tuple | None = None) -> Job:
+    """The `Job` a row read back by `job_update_returning` holds (every concrete field first, in
+    their order): what a queryset does to a fetched row, without the cost of a RawQuerySet (this is
+    the hot path of every status change), the backend's and the fields' converters applied.
+    `reading`: `_job_row_reading(connection)`, when the caller has it already."""
+    _, attnames, converting, _ = reading or _job_row_reading(connection)
+    values = list(row[:len(attnames)])
+    for index, field, converters in converting:
+        values[index] = converted(values[index], field, converters, connection)
+    return instance_from_row(Job, using, attnames, values)
 
 
 def _job_row_reading(connection) -> tuple[str, list[str], tuple, bool]:

@@ -68,3 +68,9 @@ def comparable(param: Any) -> Any:
 def _comparable(value: Any) -> Any:
     # A prepared value must also be of the same type (`1` and `True` compare equal).
     return type(value), comparable(value)
+
+
+def sql_literal(param: Any, connection: Any) -> str:
+    """A prepared parameter written as a literal, as psycopg writes it (Django's `compose_sql`:
+    PostgreSQL only), for a text that still goes with other parameters: a `%` in it doubled."""
+    return connection.ops.compose_sql("%s", [param]).replace("%", "%%")

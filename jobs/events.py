@@ -23,7 +23,7 @@ from django.utils import timezone
 from dbkit.instances import instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor, prepared_fetch
-from dbkit.values import comparable, prepared_checked, save_preparer
+from dbkit.values import comparable, prepared_checked, save_preparer, sql_literal
 from jobs.broadcast import event_publish, events_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
@@ -218,17 +218,40 @@ _MOVE_EVENT_COLUMNS = ["type", "step", "status", "message", "created_at"]
 _EVENT_ATTNAMES = ["id", "job_id", "seq", *_MOVE_EVENT_COLUMNS]
 
 
-def _move_event_insert(connection) -> tuple[str, list]:
-    """The `INSERT … SELECT … FROM j` of a move's event (`job_update_with_event`), and the
-    (field, preparer) of each of its parameters, in order (`dbkit.values`): built once per
-    connection."""
-    def build() -> tuple[str, list]:
-        placeholders = ", ".join(["%s"] * len(_MOVE_EVENT_COLUMNS))
-        sql = f"{_event_insert_prefix(connection)} SELECT j.id, j.event_seq, {placeholders} FROM j"
-        fields = [JobEvent._meta.get_field(name) for name in _MOVE_EVENT_COLUMNS]
-        return sql, [(field, save_preparer(field, connection)) for field in fields]
+# The values of a move's event that its INSERT writes in as constants (`jobs.statements`: each
+# parameter sent costs a dumper and a binding): a type, no step, no status or a job's, no message.
+_EVENT_CONSTANTS = (frozenset(JobEvent.Type.values), frozenset({""}), frozenset({"", *Job.Status.values}))
 
-    return once_per_connection(connection, "_taskplatform_move_event_insert", build)
+
+def _event_constants(values: list) -> tuple:
+    """For each of a move's event's values (`_MOVE_EVENT_COLUMNS`): the constant it is (a plain
+    `str`; "{}" for no message), or None where it goes as a parameter (any other, and the time)."""
+    type_, step, status, message, _ = values
+    constants = [str.__str__(value) if isinstance(value, str) and value in allowed else None
+                 for value, allowed in zip((type_, step, status), _EVENT_CONSTANTS, strict=True)]
+    return (*constants, "{}" if type(message) is dict and not message else None, None)
+
+
+def _move_event_insert(connection, values: list) -> tuple[str, list]:
+    """The `INSERT … SELECT … FROM j` of a move's event (`job_update_with_event`) with `values`'
+    constants written in (`_event_constants`), and (index in `values`, field, preparer) of each
+    of its parameters, in order (`dbkit.values`): built once per connection and constants."""
+    built = once_per_connection(connection, "_taskplatform_move_event_inserts", dict)
+    constants = _event_constants(values)
+    found = built.get(constants)
+    if found is None:
+        fields = [JobEvent._meta.get_field(name) for name in _MOVE_EVENT_COLUMNS]
+        written, parameters = [], []
+        for index, (field, constant) in enumerate(zip(fields, constants, strict=True)):
+            prepare = save_preparer(field, connection)
+            if constant is None:
+                written.append("%s")
+                parameters.append((index, field, prepare))
+            else:
+                written.append(sql_literal(prepare(values[index], connection), connection))
+        sql = f"{_event_insert_prefix(connection)} SELECT j.id, j.event_seq, {', '.join(written)} FROM j"
+        found = built[constants] = (sql, parameters)
+    return found
 
 
 def _event_saved(event: JobEvent, pk: int) -> None:
@@ -271,12 +294,12 @@ def job_update_with_event(
         # The event's row is made from what the statement wrote, as `from_db` would (no
         # `Model.__init__` per move: `dbkit.instances`).
         values = [type, step, status, message or {}, now]
-        sql, preparers = _move_event_insert(connection)
+        sql, parameters = _move_event_insert(connection, values)
         if settings.JOBS_CHECK_MOVE_STATEMENTS:
-            params = [prepared_checked(field, prepare, value, connection)
-                      for (field, prepare), value in zip(preparers, values, strict=True)]
+            params = [prepared_checked(field, prepare, values[index], connection)
+                      for index, field, prepare in parameters]
         else:
-            params = [prepare(value, connection) for (_, prepare), value in zip(preparers, values, strict=True)]
+            params = [prepare(values[index], connection) for index, _, prepare in parameters]
         job = job_update_returning(statement, then_insert=(sql, params), using=using, connection=connection)
         if job is None:
             return None

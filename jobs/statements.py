@@ -14,24 +14,36 @@ The shape is everything that decides the text: the source statuses, whether the 
 to an attempt, the extra condition (`where`, by its `repr`), whether it requires no feature rows,
 which transition hooks it is fenced from (`unless_needed`, by name: a hook's `needed_when` is the
 same condition every time), and, for each column written, whether its value is NULL, a plain
-value, or which expression. Only expressions built from the kinds whose `repr` shows all of them
-(`F`, `Value`, `Now`, arithmetic on them, `ExpressionWrapper`) and conditions whose values are
-plain take part; anything else is built by the ORM every time, as before.
+value, which constant (below), or which expression. Only expressions built from the kinds whose
+`repr` shows all of them (`F`, `Value`, `Now`, arithmetic on them, `ExpressionWrapper`) and
+conditions whose values are plain take part; anything else is built by the ORM every time, as
+before.
+
+A value written that is one of a bounded set (a choice of the column's `choices`, such as the
+status a move writes; an empty string; an empty JSON object or list; a boolean) is part of the
+shape, and on PostgreSQL it is written into the kept text as a literal, as psycopg writes it,
+instead of going as a parameter: each parameter sent costs psycopg a dumper and PostgreSQL its
+binding, and a no-op job's two statements sent nine such constants (bench/README.md, "Constants
+written in"). Only those sets: a free value (a worker's name, a result) stays a parameter, and the
+kept texts stay few.
 
 Under the test settings (`JOBS_CHECK_MOVE_STATEMENTS`) every reuse is also built by the ORM
-and compared, text and parameters: the whole suite checks the kept statements.
+and compared, text and parameters (the ORM's with the same constants written in): the whole
+suite checks the kept statements.
 """
 
 from __future__ import annotations
 
 import datetime
 import decimal
+import functools
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import EmptyResultSet, FullResultSet
+from django.core.exceptions import EmptyResultSet, FieldDoesNotExist, FullResultSet
 from django.db.models import F, Q, QuerySet, Value
 from django.db.models.expressions import Col, CombinedExpression, ExpressionWrapper
 from django.db.models.fields.json import HasKey
@@ -40,7 +52,7 @@ from django.db.models.lookups import Exact
 from django.db.models.sql.subqueries import UpdateQuery
 from django.db.models.sql.where import WhereNode
 
-from dbkit.values import comparable, save_preparer
+from dbkit.values import comparable, save_preparer, sql_literal
 from jobs.extensions import TransitionHook
 from jobs.models import Job, status_among
 
@@ -114,6 +126,8 @@ class _Kept:
     # "where:checkpoint_key", "where:suspended_on", with the field compared; no column name has a
     # colon)
     slots: tuple[tuple[int, str, Any], ...]
+    # The places in the ORM's parameters whose values are written into `sql` (constants: `_value_kind`)
+    literals: tuple[int, ...] = ()
 
 
 _kept: dict[tuple, _Kept] = {}
@@ -127,9 +141,14 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
     if kept is None:
         sql, params, slots = _build(rows, fields, connection)
         if key is not None and slots is not None:
+            literals = _literal_places(fields, slots, connection)
+            if literals:
+                sql = _written_in(sql, params, literals, connection)
+                params = [param for index, param in enumerate(params) if index not in literals]
+                slots = _shifted(slots, literals)
             if len(_kept) >= MAX_SHAPES:
                 _kept.clear()
-            _kept[key] = _Kept(sql, tuple(params), slots)
+            _kept[key] = _Kept(sql, tuple(params), slots, tuple(sorted(literals)))
         return sql, list(params)
     params = list(kept.params)
     for index, source, field in kept.slots:
@@ -146,7 +165,7 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
         else:  # a value written: `field` is its preparer (`dbkit.values`), checked below with the rest
             params[index] = field(fields[source], connection)
     if settings.JOBS_CHECK_MOVE_STATEMENTS:
-        _check(rows, fields, connection, kept.sql, params)
+        _check(rows, fields, connection, kept, params)
     return kept.sql, params
 
 
@@ -156,7 +175,7 @@ def _key(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple | Non
         return None
     written = []
     for name, value in fields.items():
-        kind = _value_kind(value)
+        kind = _value_kind(value, name)
         if kind is None:
             return None
         written.append((name, kind))
@@ -191,12 +210,20 @@ def _expression_kind(expression: Any) -> Any:
 _PARAMETER_TYPES = frozenset({*_PLAIN, dict, list}) - {type(None)}
 
 
-def _value_kind(value: Any) -> Any:
-    """How a written value shapes the statement: NULL, a parameter, or this expression."""
+def _value_kind(value: Any, column: str = "") -> Any:
+    """How a written value shapes the statement: NULL, a parameter, a constant (`("constant",
+    …)`: written into the text), or this expression. `column`: the field written (its choices)."""
     if value is None:
         return "null"
-    if type(value) in _PARAMETER_TYPES:
+    kind = type(value)
+    if kind in _PARAMETER_TYPES:
+        if kind is str:
+            return ("constant", value) if not value or value in _choices(column) else "value"
+        if kind is bool or ((kind is dict or kind is list) and not value):
+            return ("constant", kind, value if kind is bool else None)
         return "value"
+    if isinstance(value, str) and not hasattr(value, "resolve_expression") and value in _choices(column):
+        return ("constant", str.__str__(value))  # a member of the field's choices' enum (a `TextChoices`)
     if hasattr(value, "kept_shape"):  # an expression that gives its own parameters (`KeptExpression`)
         return ("kept", type(value).__qualname__, value.kept_shape())
     if hasattr(value, "resolve_expression"):
@@ -204,6 +231,58 @@ def _value_kind(value: Any) -> Any:
     if hasattr(value, "prepare_database_save"):
         return None  # a model instance: the ORM's way
     return "value"
+
+
+@functools.cache
+def _choices(column: str) -> frozenset[str]:
+    """The string values of the job field `column`'s choices (none for a field without)."""
+    try:
+        field = Job._meta.get_field(column)
+    except FieldDoesNotExist:
+        return frozenset()
+    if not field.choices:
+        return frozenset()
+    return frozenset(value for value, _ in field.flatchoices if isinstance(value, str))
+
+
+def _literal_places(fields: dict[str, Any], slots: tuple, connection: Any) -> set[int]:
+    """The places in the ORM's parameters of the written values that are constants
+    (`_value_kind`), to be written into the text: on PostgreSQL (psycopg writes the literals)."""
+    places: set[int] = set()
+    if connection.vendor != "postgresql":
+        return places
+    for index, source, prepare in slots:
+        if ":" in source or isinstance(prepare, int):  # a value of the WHERE, a KeptExpression's
+            continue
+        kind = _value_kind(fields[source], source)
+        if isinstance(kind, tuple) and kind[0] == "constant":
+            places.add(index)
+    return places
+
+
+_PLACEHOLDER = re.compile(r"%%|%s")
+
+
+def _written_in(sql: str, params: Any, places: set[int], connection: Any) -> str:
+    """`sql` with the parameters at `places` written in as literals (`dbkit.values.sql_literal`)."""
+    count = -1
+
+    def one(match: re.Match) -> str:
+        nonlocal count
+        if match.group() == "%%":
+            return "%%"
+        count += 1
+        if count not in places:
+            return "%s"
+        return sql_literal(params[count], connection)
+
+    return _PLACEHOLDER.sub(one, sql)
+
+
+def _shifted(slots: tuple, places: set[int]) -> tuple:
+    """`slots` without those at `places`, each index moved back past the places before it."""
+    return tuple((index - sum(1 for place in places if place < index), source, prepare)
+                 for index, source, prepare in slots if index not in places)
 
 
 def _known_expression(expression: Any) -> bool:
@@ -326,8 +405,13 @@ class KeptExpression:
         raise NotImplementedError
 
 
-def _check(rows: MoveRows, fields: dict[str, Any], connection: Any, sql: str, params: list) -> None:
+def _check(rows: MoveRows, fields: dict[str, Any], connection: Any, kept: _Kept, params: list) -> None:
     _, _, expected_sql, expected_params = _compiled(rows, fields, connection)
+    sql = kept.sql
+    if kept.literals:
+        places = set(kept.literals)
+        expected_sql = _written_in(expected_sql, expected_params, places, connection)
+        expected_params = [p for i, p in enumerate(expected_params) if i not in places]
     if sql != expected_sql or [comparable(p) for p in params] != [comparable(p) for p in expected_params]:
         raise AssertionError(f"a kept move statement differs from the ORM's:\n{sql}\n{params}\n"
                              f"{expected_sql}\n{list(expected_params)}")

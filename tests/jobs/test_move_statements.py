@@ -269,8 +269,16 @@ def test_a_value_of_a_plain_type_is_a_parameter_and_a_subclass_is_looked_at():
 
     from jobs.statements import _value_kind
 
-    for value in ("processing", 3, 2.5, True, {"a": 1}, [1], datetime.now(UTC), uuid.uuid4()):
+    for value in ("processing", 3, 2.5, {"a": 1}, [1], datetime.now(UTC), uuid.uuid4()):
         assert _value_kind(value) == "value", value
+    # Constants: a choice of the column written, no string, no JSON, a boolean.
+    assert _value_kind("processing", "status") == _value_kind(Job.Status.PROCESSING, "status") \
+        == ("constant", "processing")
+    assert type(_value_kind(Job.Status.PROCESSING, "status")[1]) is str
+    assert _value_kind("processing", "worker") == "value"  # not a choice of that column
+    assert _value_kind("", "worker") == ("constant", "")
+    assert _value_kind({}, "result") == ("constant", dict, None) != _value_kind([], "result")
+    assert _value_kind(True) == ("constant", bool, True) != _value_kind(False)
 
     class Clever(str):  # a str that is also an expression: not a plain parameter
         def resolve_expression(self, *args, **kwargs):
@@ -278,3 +286,59 @@ def test_a_value_of_a_plain_type_is_a_parameter_and_a_subclass_is_looked_at():
 
     assert _value_kind(Clever("x")) is None  # not a known expression: the ORM builds the move
     assert _value_kind(None) == "null"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg writes the literals")
+def test_a_moves_constants_are_written_in_and_its_free_values_sent(monkeypatch):
+    """The status a move writes, an empty string, an empty JSON and its event's type and status
+    go into the kept text as literals (no parameter to dump and bind each time); the worker, the
+    task, the job's id and the event's time go as parameters. Each constant is part of the shape:
+    another status is another statement."""
+    from dbkit.prepared import prepared_fetch
+
+    first, second = _pending(2, monkeypatch)
+    sent: list = []
+    monkeypatch.setattr("jobs.models.prepared_fetch",
+                        lambda conn, sql, params, **kw: sent.append((sql, list(params))) or prepared_fetch(
+                            conn, sql, params, **kw))
+    claimed = job_claim(job_id=first.pk, worker="w1 pid 1", task_id="t-1")
+    job_complete(job=claimed, result={})
+    job_complete(job=job_claim(job_id=second.pk, worker="w2 pid 2", task_id="t-2"), result={"n": 2})
+    (claim, claim_params), (complete, complete_params), (claim2, _), (complete2, complete2_params) = sent
+
+    assert claim == claim2, "the second claim did not reuse the first's text"
+    assert "\"status\" = 'processing'" in claim and "\"suspended_on\" = ''" in claim
+    assert "'status', '', 'processing', '{}'::jsonb, %s FROM j" in claim
+    assert "\"status\" = 'completed'" in complete and "\"result\" = '{}'::jsonb" in complete
+    assert {"w1 pid 1", "t-1", first.pk} <= set(claim_params)
+    assert not {"", "processing", "status"} & {p for p in claim_params if isinstance(p, str) and p != "pending"}
+    # A result that is not empty is a value of the statement, not a constant of its text.
+    assert complete2 != complete and "\"result\" = %s" in complete2
+    assert any(getattr(p, "obj", None) == {"n": 2} for p in complete2_params)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.status, first.result, first.suspended_on, second.result) == ("completed", {}, "", {"n": 2})
+    from jobs.models import JobEvent
+
+    assert list(JobEvent.objects.filter(job=first).values_list("seq", "type", "step", "status", "message")) == [
+        (1, "status", "", "pending", {}), (2, "status", "", "processing", {}), (3, "status", "", "completed", {})]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg writes the literals")
+def test_the_check_catches_a_kept_constant_that_is_not_the_moves_own(monkeypatch, settings):
+    first, second = _pending(2, monkeypatch)
+    job_claim(job_id=first.pk, worker="w1", task_id="t-1")
+    (key, kept), = statements._kept.items()
+    assert kept.literals, "the claim wrote no constant in"
+    statements._kept[key] = replace(kept, sql=kept.sql.replace("'processing'", "'pending'", 1))
+    settings.JOBS_CHECK_MOVE_STATEMENTS = True
+    with pytest.raises(AssertionError, match="differs from the ORM's"):
+        job_claim(job_id=second.pk, worker="w2", task_id="t-2")
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg writes the literals")
+def test_a_constant_written_in_keeps_the_texts_percent_signs_and_other_places():
+    sql = "a = %s AND b LIKE 'x%%' AND c = %s AND d = %s"
+    written = statements._written_in(sql, ["50%", 3, "it's"], {0, 2}, connection)
+    assert written == "a = '50%%' AND b LIKE 'x%%' AND c = %s AND d = 'it''s'"
+    assert statements._shifted(((0, "a", None), (1, "c", None), (2, "d", None)), {0, 2}) == ((0, "c", None),)

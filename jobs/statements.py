@@ -23,9 +23,10 @@ A value written that is one of a bounded set (a choice of the column's `choices`
 status a move writes; an empty string; an empty JSON object or list; a boolean) is part of the
 shape, and on PostgreSQL it is written into the kept text as a literal, as psycopg writes it,
 instead of going as a parameter: each parameter sent costs psycopg a dumper and PostgreSQL its
-binding, and a no-op job's two statements sent nine such constants (bench/README.md, "Constants
-written in"). Only those sets: a free value (a worker's name, a result) stays a parameter, and the
-kept texts stay few.
+binding, and a no-op job's claim and outcome sent thirteen such constants with their events'
+(bench/README.md, "Constants written in"; the events' INSERT does the same: `jobs.events`). Only
+those sets: a free value (a worker's name, a result) stays a parameter, and the kept texts stay
+few.
 
 Under the test settings (`JOBS_CHECK_MOVE_STATEMENTS`) every reuse is also built by the ORM
 and compared, text and parameters (the ORM's with the same constants written in): the whole

@@ -133,10 +133,17 @@ def moves_rehearse() -> None:
         lambda: job_claim(job_id=_NO_JOB, worker="rehearsal", task_id="rehearsal"),
         lambda: step_begin(job_id=_NO_JOB, run_attempt=1, step="rehearsal"),
         lambda: step_checkpoint(job_id=_NO_JOB, run_attempt=1, step="rehearsal", value=None),
+        # With a text and without: an empty string is a constant of its statement, a shape of its
+        # own (`jobs.statements`), and so is an empty result.
+        lambda: event_append(job_id=_NO_JOB, type="progress", message={"fraction": 0.5, "text": "rehearsal"},
+                             fields={"progress_fraction": 0.5, "progress_text": "rehearsal"}, run_attempt=1),
         lambda: event_append(job_id=_NO_JOB, type="progress", message={"fraction": 0.5, "text": ""},
                              fields={"progress_fraction": 0.5, "progress_text": ""}, run_attempt=1),
-        # With a result (most runs return one; None is a shape of its own, left to the first job).
+        # With a result (most runs return one; None is a shape of its own, left to the first job),
+        # empty and not, without an owner and with one.
+        lambda: job_complete(job=stand_in, result={"rehearsal": True}),
         lambda: job_complete(job=stand_in, result={}),
+        lambda: job_complete(job=Job(pk=_NO_JOB, attempts=1, owner_id=0, parent_id=None), result={"rehearsal": True}),
         lambda: job_complete(job=Job(pk=_NO_JOB, attempts=1, owner_id=0, parent_id=None), result={}),
     ]
     try:

@@ -43,8 +43,8 @@ def _prepared() -> set[str]:
         return {row[0] for row in cursor.fetchall() if 'UPDATE "jobs_job"' in row[0]}
 
 
-def _run_one(kind: str, owner=None) -> None:
-    job, _ = job_submit(kind=kind, input={}, owner=owner)
+def _run_one(kind: str, owner=None, input=None) -> None:
+    job, _ = job_submit(kind=kind, input=input or {}, owner=owner)
     assert job_execute(job_id=job.pk, worker="w", worker_hostname="w", task_id="t") == "completed"
 
 
@@ -60,6 +60,10 @@ def test_after_the_rehearsal_the_first_job_builds_no_statement(new_process, monk
     built = count_builds(monkeypatch)
     _run_one("demo.noop")  # no owner: the claim and the completion
     _run_one("demo.noop", owner=reviewer)  # an owner: its completion's statement too
+    # A step, a progress report with its text and a result that is not empty (`{}` and `""` are
+    # constants of their statements: shapes of their own).
+    _run_one("demo.sleep", input={"seconds": 0, "steps": 1})
+    _run_one("demo.sleep", owner=reviewer, input={"seconds": 0, "steps": 1})
     assert built == [], "the first jobs built statements the rehearsal should have"
     assert _prepared() == prepared, "the first jobs prepared statements the rehearsal should have"
 

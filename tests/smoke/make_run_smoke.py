@@ -16,6 +16,9 @@ Steps, each printed with its time; every wait is bounded:
 6. A `demo.generate` parked on the simulated service, woken by its callback, completed.
 7. SIGTERM to `make`: it exits, and no process it started is left.
 
+With `--embedded` (DATABASE_URL and REDIS_URL unset) the same steps run against `make run`'s own
+defaults, a SQLite file and the embedded Redis under `var/`: what a new user runs first.
+
 On any failure it prints the tail of `make run`'s output, kills every process `make run` started
 (each process group), and exits 1. `--recreate-database` drops and creates the database named in
 DATABASE_URL first (give it a database of its own). Exit 0 only when every step passed.
@@ -160,8 +163,13 @@ def database_recreate(url: str) -> None:
 
 def run_smoke(args: argparse.Namespace) -> None:
     database_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
-    if not database_url or not redis_url:
-        raise StepFailed("set DATABASE_URL and REDIS_URL: the smoke test runs against the real services")
+    if args.embedded:
+        if database_url or redis_url or args.recreate_database:
+            raise StepFailed("--embedded runs `make run` as a new user does: unset DATABASE_URL and REDIS_URL, "
+                             "and give no --recreate-database")
+    elif not database_url or not redis_url:
+        raise StepFailed("set DATABASE_URL and REDIS_URL (or give --embedded): the smoke test runs against the "
+                         "real services")
 
     step = "make run has nothing to install"
     say(step)
@@ -313,7 +321,7 @@ def run_smoke(args: argparse.Namespace) -> None:
         say(f"make exited ({code}); no process left")
         if "supervisor| stopped" not in make_run.lines:
             raise StepFailed("the supervisor did not say it stopped")
-        if not var_existed and (ROOT / "var").exists():
+        if not args.embedded and not var_existed and (ROOT / "var").exists():
             raise StepFailed("make run made var/ although DATABASE_URL and REDIS_URL are set")
     except BaseException:
         say("make run's output (tail):\n" + make_run.tail())
@@ -326,6 +334,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recreate-database", action="store_true",
                         help="drop and create the database in DATABASE_URL first (a database of the smoke test's own)")
+    parser.add_argument("--embedded", action="store_true",
+                        help="without DATABASE_URL and REDIS_URL: make run's defaults, SQLite and the embedded Redis "
+                             "under var/, as a new user first runs it")
     args = parser.parse_args()
     # A CI timeout's SIGTERM: still stop every process make run started (the `finally` above).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit("smoke: stopped by SIGTERM"))

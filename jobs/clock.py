@@ -11,7 +11,9 @@ lease) is written and compared with the database's clock:
   `statement_timestamp()`) and `db_now_plus(seconds)`, inside the UPDATE, INSERT or WHERE that
   needs it, at no extra round trip;
 - where Python needs the value (to choose the next mark, to say "due in 5 s"),
-  `database_now()`: one `SELECT statement_timestamp()`.
+  `database_now()`: one `SELECT statement_timestamp()`;
+- where a row is found again by a time read from it (a conditional UPDATE, a keyset),
+  `db_time_filter(field, lookup, value)`: the same on SQLite, where times are text.
 
 The host's clock is left to what only people read (an event's `created_at`) and to what one
 process measures for itself (`time.monotonic()`). `tests/jobs/test_clock.py` greps for the rest.
@@ -27,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
 from django.db import connection
-from django.db.models import DateTimeField, ExpressionWrapper, Value
+from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from django.db.models.expressions import Expression
 from django.db.models.functions import Now
 
@@ -72,6 +74,20 @@ def _expression_for(delta: timedelta) -> Expression:
     if not delta:
         return Now()
     return ExpressionWrapper(Now() + Value(delta), output_field=_TIMESTAMP)
+
+
+def db_time_filter(field: str, lookup: str, value: datetime) -> Q:
+    """`Q(**{f"{field}__{lookup}": value})`, for `value` a time read from the column `field`.
+
+    On SQLite a time is text, compared as text: the database's clock writes it with milliseconds
+    (`... 12:00:00.379`, `Now()` and the columns' defaults) and Django binds a time with
+    microseconds (`... 12:00:00.379000`, none on a whole second), so a time read back compared
+    unequal to its own row: the reconciler's conditional touch never matched, and no lost
+    message was sent again. There the column is compared as Django writes a time."""
+    if connection.vendor == "sqlite":
+        written = ExpressionWrapper(F(field) + Value(_ZERO), output_field=_TIMESTAMP)
+        return Q(written.get_lookup(lookup)(written, value))
+    return Q(**{f"{field}__{lookup}": value})
 
 
 def database_now() -> datetime:

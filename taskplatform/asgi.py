@@ -74,14 +74,17 @@ def load_what_the_first_requests_would() -> None:
     """Import and build now what the first requests would otherwise load one at a time: every
     URLconf with its views and DRF's, the session's serializer and the messages' storage,
     Celery's task registry and tasks module, its message builder and event dispatcher (a submit's
-    or an answer's message), the authentication backends, the channel layer's backend and the
-    push thread, which connects to Redis in the background. The first `POST /api/jobs/` of a new
-    web process took 200-230 ms, against 10-15 ms for the next ones, and the first answer of each
-    web process was some 100 ms late importing the tasks module (bench/README.md); what they
-    loaded stayed out of the freeze below. Nothing here connects to the broker."""
+    or an answer's message), the authentication backends, the database backend's SQL compiler
+    (PostgreSQL's backend imports it with itself, SQLite's at its first query), the channel
+    layer's backend and the push thread, which connects to Redis in the background. The first
+    `POST /api/jobs/` of a new web process took 200-230 ms, against 10-15 ms for the next ones,
+    and the first answer of each web process was some 100 ms late importing the tasks module
+    (bench/README.md); what they loaded stayed out of the freeze below. Nothing here connects to
+    the broker."""
     from celery.events import dispatcher  # noqa: F401  (what a message's `sent` event would import)
     from django.conf import settings
     from django.contrib.auth import get_backends
+    from django.db import connection
     from django.urls import get_resolver
     from django.utils.module_loading import import_string
     from rest_framework.settings import api_settings
@@ -95,6 +98,7 @@ def load_what_the_first_requests_would() -> None:
                  "DEFAULT_PERMISSION_CLASSES", "DEFAULT_THROTTLE_CLASSES", "DEFAULT_CONTENT_NEGOTIATION_CLASS"):
         getattr(api_settings, name)  # DRF imports its classes on first use
     get_backends()
+    connection.ops.compiler("SQLCompiler")  # imports the backend's compiler module; connects to nothing
     import_string(settings.SESSION_SERIALIZER)
     if "django.contrib.messages" in settings.INSTALLED_APPS:
         import_string(settings.MESSAGE_STORAGE)

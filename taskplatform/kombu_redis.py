@@ -17,7 +17,8 @@ The asynchronous client (the worker's BRPOP loop) is kombu's, unchanged.
 `install()` (called where the Celery app is made) registers them under kombu's own names,
 `redis`, `rediss` and `sentinel`: the broker URL stays what it was, so Flower, `celery inspect`
 and the logs name the broker as before. A Unix socket (`redis+socket://`, the embedded Redis of
-`make run` without REDIS_URL) keeps kombu's transport.
+`make run` without REDIS_URL) is the `redis` transport too (kombu reads the `redis+` of the URL
+as the transport's name), under the same URL.
 """
 
 from __future__ import annotations

@@ -18,12 +18,20 @@ from taskplatform.celery import app
 from tests.support.processes import celery_worker, wait_until
 
 
+def broker_scheme() -> str:
+    """The broker URL's scheme, as kombu and Flower spell it: `redis` or `rediss` over TCP,
+    `redis+socket` on a Unix socket (the embedded Redis, without REDIS_URL)."""
+    scheme = settings.CELERY_BROKER_URL.split("://", 1)[0]
+    assert scheme in ("redis", "rediss", "redis+socket"), settings.CELERY_BROKER_URL
+    return scheme
+
+
 def test_the_broker_is_kombus_redis_transport_under_its_own_name():
     with app.connection_for_write() as connection:
         assert isinstance(connection.transport, kombu_redis.Transport)
         assert isinstance(connection.default_channel, kombu_redis.Channel)
         # Flower picks its broker page by the URL's scheme.
-        assert connection.as_uri().startswith(("redis://", "rediss://"))
+        assert connection.as_uri().startswith(f"{broker_scheme()}://")
     assert kombu.transport.TRANSPORT_ALIASES["sentinel"] == "taskplatform.kombu_redis:SentinelTransport"
     kombu_redis.install()  # again: nothing changes
     assert kombu.transport.resolve_transport("redis") is kombu_redis.Transport
@@ -63,6 +71,6 @@ def test_a_real_worker_runs_jobs_through_it_and_names_its_broker_redis():
         ids = [job_submit(kind="demo.noop", input={})[0].pk for _ in range(3)]
         wait_until(lambda: Job.objects.filter(pk__in=ids, status=Job.Status.COMPLETED).count() == 3,
                    timeout=30, message="the worker did not complete the jobs")
-        assert "transport:   redis://" in worker.output
+        assert f"transport:   {broker_scheme()}://" in worker.output
     finally:
         worker.stop()

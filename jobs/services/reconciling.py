@@ -13,7 +13,7 @@ from django.db.models import Q
 
 from dbkit.statistics import tables_analyze_if_grown
 from jobs.broker import Held, broker_lost_its_data, dispatch_marked, dispatch_stranded, held_forget, job_messages
-from jobs.clock import db_now, db_now_plus
+from jobs.clock import db_now, db_now_plus, db_time_filter
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
 from jobs.models import Job, JobEvent
@@ -71,7 +71,8 @@ def jobs_redispatch_stale(*, grace: float, limit: int = 500) -> int:
     after: tuple | None = None
     while sent < budget:
         chunk = candidates if after is None else candidates.filter(
-            Q(updated_at__gt=after[0]) | Q(updated_at=after[0], pk__gt=after[1]))
+            db_time_filter("updated_at", "gt", after[0])
+            | (db_time_filter("updated_at", "exact", after[0]) & Q(pk__gt=after[1])))
         chunk = list(chunk[:500])
         if not chunk:
             break
@@ -107,7 +108,8 @@ def _redispatch_held_by_the_dead(holding: Held, *, now: Any) -> int:
 def _dispatch_if_untouched(job: Job, *, now: Any) -> bool:
     """Send `job` again unless someone moved it since it was read: the row is touched first (only
     if nobody else did), so two reconcilers never both send."""
-    if not Job.objects.filter(pk=job.pk, status=Status.PENDING, updated_at=job.updated_at).update(updated_at=now):
+    untouched = db_time_filter("updated_at", "exact", job.updated_at)
+    if not Job.objects.filter(untouched, pk=job.pk, status=Status.PENDING).update(updated_at=now):
         return False
     due_in = (job.run_after - job.now).total_seconds() if job.run_after else 0
     transitions.job_dispatch(job=job, countdown=due_in if due_in > 0 else None)

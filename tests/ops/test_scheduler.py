@@ -17,12 +17,14 @@ from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 from prometheus_client.parser import text_string_to_metric_families
 
+from jobs.clock import database_now
 from jobs.periodic import PeriodicPassTask, pass_lock, pass_lock_connection_close, pass_run
 from ops.models import PeriodicPass, SchedulerLease
 from ops.scheduler import LEASE_NAME, periodic_pass_record, scheduler_lease_claim, scheduler_lease_release
 from ops.workers import last_job_key, redis_client, worker_heartbeat, workers_key
 from taskplatform.celery import app
 from tests.conftest import make_user
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -94,6 +96,10 @@ def test_one_scheduler_holds_the_lease_until_it_expires_by_the_database_clock():
 
     assert scheduler_lease_release(holder="beat-a") is False  # not a's to give
     assert scheduler_lease_release(holder="beat-b") is True  # a clean stop: a standby takes over at once
+    # (once the database's clock has moved past the release: SQLite's counts milliseconds, and a claim in the
+    # release's own millisecond finds the lease expiring, not expired)
+    released = SchedulerLease.objects.get(name=LEASE_NAME).expires_at
+    wait_until(lambda: database_now() > released, timeout=5, interval=0.001)
     assert scheduler_lease_claim(holder="beat-a", lease=15).holder == "beat-a"
 
 

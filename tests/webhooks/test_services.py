@@ -11,6 +11,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
+from jobs.clock import db_now
 from jobs.runner import job_execute
 from jobs.services import job_cancel, job_submit
 from tests.conftest import make_user
@@ -104,7 +105,7 @@ def test_a_failing_receiver_is_retried_with_backoff_then_the_delivery_fails(subm
         assert delivery.last_error.startswith("HTTP 500")
         waits.append((delivery.next_attempt_at - before).total_seconds())
         assert webhook_deliver(delivery_id=delivery.pk) == "skipped"  # not due yet
-        WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=timezone.now())
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=db_now())  # due: by the database's clock
     assert 5 <= waits[0] <= 10.5 and 10 <= waits[1] <= 20.5  # base * 2**(n-1), half of it jittered
     assert webhook_deliver(delivery_id=delivery.pk) == "failed"
     delivery.refresh_from_db()

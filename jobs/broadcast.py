@@ -63,7 +63,8 @@ class DirectPush:
 
     Writes never block: the socket is non-blocking, and a write the kernel cannot take at once
     (Redis has stopped reading) fails the connection, as any error does. The publisher then
-    sends through its thread again and connects a new one (`Publisher`).
+    sends through its thread again and connects a new one (`Publisher`); its thread closes the
+    connection given up once Redis has answered what was written on it (`Publisher._retire`).
     """
 
     # A larger write (a job whose input or result is large, on the feed) goes through the thread:
@@ -222,6 +223,7 @@ class Publisher:
         can_push = getattr(self.layer, "can_push_directly", None)  # taskplatform.channel_layer
         self._direct_wanted = direct and can_push is not None and can_push()
         self._direct: DirectPush | None = None  # used under the lock, by whoever publishes
+        self._retired: list[DirectPush] = []  # given up, for the thread to close (`_retire`)
         self._direct_tried = 0.0  # time.monotonic() of the last attempt to connect it
         self._thread = threading.Thread(target=self._run, name="job-event-publisher", daemon=True)
         self._thread.start()
@@ -259,14 +261,17 @@ class Publisher:
         self._connect_direct()
         while True:
             with self._lock:
-                while not self._queue:
+                while not self._queue and not self._retired:
                     self._sending = False
                     self._done.notify_all()
                     if self._reconnect_due():
                         break
                     self._work.wait(self._reconnect_in())
+                retired, self._retired = self._retired, []
                 batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
-                self._sending = bool(batch)
+                self._sending = bool(batch or retired)
+            if retired:
+                batch[:0] = self._retire(retired)  # what Redis refused of them came before the batch
             if batch:
                 try:
                     self._send_batch(batch)
@@ -309,6 +314,28 @@ class Publisher:
         with self._lock:
             self._direct = direct
 
+    def _retire(self, retired: list[DirectPush]) -> list[tuple[str, dict[str, Any]]]:
+        """Close the direct connections given up, each once Redis has answered every push written
+        on it (`direct_timeout` seconds at most); returns the pushes Redis ran none of, to send.
+
+        A write the kernel could not take (Redis slow to read for a moment) gives a connection up
+        with pushes written whose commands Redis has not read yet. Closed at once, Redis would drop
+        those (it drops a client it cannot answer, with what it has not read), and run the others
+        after what the thread sends instead. Few writes fill a Unix socket (the embedded Redis:
+        each takes a whole buffer of the socket's, about 170 pushes), many thousands a TCP one."""
+        unsent: list[tuple[str, dict[str, Any]]] = []
+        for direct in retired:
+            try:
+                if not direct.drain(time.monotonic() + self.direct_timeout):
+                    logger.warning("job event publisher: %d push(es) unanswered on a connection given up",
+                                   len(direct.unanswered))
+            except Unsent as exc:  # refused, or the connection closed: as on the direct path
+                unsent.extend(exc.pushes)
+            except Exception:  # a broken connection: nothing more to read from it
+                pass
+            direct.close()
+        return unsent
+
     def _send_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> None:
         by_group: dict[str, list[dict[str, Any]]] = {}
         for group, message in batch:
@@ -335,7 +362,7 @@ class Publisher:
         """Wait until every push has reached Redis (or failed); False on timeout."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._queue or self._sending:
+            while self._queue or self._sending or self._retired:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
@@ -352,9 +379,11 @@ class Publisher:
         return self.flush(deadline - time.monotonic())  # what went back to the thread
 
     def _direct_lost(self, direct: DirectPush, exc: Unsent) -> None:
-        """Under the lock: stop using `direct`; the thread sends until it connects a new one."""
+        """Under the lock: stop using `direct` (the thread closes it: `_retire`); the thread sends
+        until it connects a new one."""
         self._direct = None
-        direct.close()
+        self._retired.append(direct)
+        self._work.notify()
         logger.warning("job event push failed, sending through the publisher's thread: %s", exc.reason)
 
 

@@ -14,6 +14,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from django.db import connection
 
 from jobs.broadcast import publisher
 from jobs.consumers import JobEventsConsumer
@@ -239,7 +240,9 @@ def test_a_caller_over_the_cap_of_live_streams_marks_nothing(settings):
 
     run(scenario)
     marks = dict(Job.objects.filter(pk__in=[followed.pk, other.pk]).values_list("pk", "followed_until"))
-    assert marks[followed.pk] is not None and marks[other.pk] is None
+    assert marks[other.pk] is None
+    if connection.vendor == "postgresql":  # elsewhere nothing is marked and every event is pushed (jobs.followed)
+        assert marks[followed.pk] is not None
 
 
 def test_a_bad_ticket_is_refused_even_with_a_valid_session():

@@ -1,6 +1,7 @@
 """Pushes only to followers (`jobs.followed`): a job's events go to its group only while a web
 process marks it followed, status changes to the feed only while the feed is; and a stream that
 connects while a move is under way still misses nothing, against the real PostgreSQL and Redis.
+Only PostgreSQL marks: elsewhere (SQLite) nothing is marked and every event is pushed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from tests.live.conftest import session_cookie
 from tests.live.test_consumers import open_socket, receive, receive_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+on_postgresql = connection.vendor == "postgresql"
+marks_followed = pytest.mark.skipif(not on_postgresql, reason="only PostgreSQL marks what is followed (jobs.followed)")
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +66,7 @@ def seconds_left(job_id) -> float:
         return float(cursor.fetchone()[0])
 
 
+@marks_followed
 def test_nothing_is_pushed_for_a_job_nobody_follows_and_each_group_only_while_followed(pushed):
     job, _ = job_submit(kind="demo.noop", input={})
     log(job.pk, "nobody follows")
@@ -85,6 +90,18 @@ def test_nothing_is_pushed_for_a_job_nobody_follows_and_each_group_only_while_fo
     assert len(pushed) == 4
 
 
+@pytest.mark.skipif(on_postgresql, reason="PostgreSQL marks what is followed (above)")
+def test_elsewhere_nothing_is_marked_and_every_event_is_pushed(pushed):
+    job, _ = job_submit(kind="demo.noop", input={})
+    log(job.pk, "nobody follows")
+    job_cancel(job_id=job.pk)
+    assert pushed == [[job_group(job.pk), FEED_GROUP], [job_group(job.pk)], [job_group(job.pk), FEED_GROUP]]
+    groups_followed_mark([job_group(job.pk), FEED_GROUP])  # writes nothing
+    assert Job.objects.values_list("followed_until", flat=True).get(pk=job.pk) is None
+    assert not FollowedGroup.objects.exists()
+
+
+@marks_followed
 def test_a_mark_that_ran_out_stops_the_pushes_and_a_fresh_one_is_not_written_again(pushed):
     job, _ = job_submit(kind="demo.noop", input={})
     groups_followed_mark([job_group(job.pk), FEED_GROUP])
@@ -100,6 +117,7 @@ def test_a_mark_that_ran_out_stops_the_pushes_and_a_fresh_one_is_not_written_aga
     assert Job.objects.values_list("followed_until", flat=True).get(pk=job.pk) == first
 
 
+@marks_followed
 def test_a_batch_submit_pushes_its_first_events_to_the_feed_only_when_followed(pushed):
     jobs_submit_many(kind="demo.noop", inputs=[{}] * 5)
     assert pushed == []
@@ -112,9 +130,11 @@ def test_a_stream_that_connects_while_a_move_holds_the_row_misses_nothing():
     """The move's statement found nobody following, so it pushes nothing; the stream's mark waits
     for the move's row lock, so the stream's first read comes after the move's commit and finds
     its event. The next move finds the mark and is pushed at once (not read back at the periodic
-    check, seconds later)."""
+    check, seconds later). Elsewhere nothing is marked or waited for: the stream reads the job
+    before the move commits, and every event, the move's too, is pushed."""
     owner = make_user("olga")
     job, _ = job_submit(kind="demo.noop", input={}, owner=owner)
+    cookie = session_cookie(owner)  # before the move: a login writes, and SQLite's writer waits for the move's
     holding, release = threading.Event(), threading.Event()
 
     def move_held_open():
@@ -131,13 +151,20 @@ def test_a_stream_that_connects_while_a_move_holds_the_row_misses_nothing():
     assert holding.wait(5)
 
     async def scenario():
-        ws = await open_socket(f"/ws/jobs/{job.pk}/", cookie=await database_sync_to_async(session_cookie)(owner))
+        ws = await open_socket(f"/ws/jobs/{job.pk}/", cookie=cookie)
         try:
-            assert await ws.receive_nothing(timeout=0.5)  # its mark waits for the move's row lock
+            if on_postgresql:
+                assert await ws.receive_nothing(timeout=0.5)  # its mark waits for the move's row lock
+            else:
+                snapshot = await receive(ws)  # read before the move's commit
+                assert snapshot["type"] == "snapshot" and snapshot["last_seq"] == 1
         finally:
             release.set()
-        snapshot = await receive(ws)
-        assert snapshot["type"] == "snapshot" and snapshot["last_seq"] == 2
+        if on_postgresql:
+            snapshot = await receive(ws)
+            assert snapshot["type"] == "snapshot" and snapshot["last_seq"] == 2
+        else:
+            assert await receive_events(ws, 1, timeout=2) == [2]  # pushed at the move's commit
         await database_sync_to_async(log)(job.pk, "after the stream joined")
         assert await receive_events(ws, 1, timeout=2) == [3]  # pushed: the periodic check is 5 s away
         await ws.disconnect()
@@ -150,6 +177,7 @@ def test_a_stream_that_connects_while_a_move_holds_the_row_misses_nothing():
     assert publisher().flush(5)
 
 
+@marks_followed
 def test_a_renewal_marks_again_what_is_followed_skipping_rows_locked_now():
     followed, locked, left = (job_submit(kind="demo.noop", input={})[0] for _ in range(3))
     holding, release = threading.Event(), threading.Event()
@@ -189,6 +217,7 @@ def test_a_renewal_marks_again_what_is_followed_skipping_rows_locked_now():
     assert marks[locked.pk] is None and marks[left.pk] is None
 
 
+@marks_followed
 def test_a_mark_the_database_lost_is_written_again_by_the_next_stream_of_the_job():
     """A process marks at every stream's open, not once: a mark already there costs a statement
     that writes nothing, and one the database lost (a restore, a table emptied under a running
@@ -258,8 +287,8 @@ def test_a_crowd_that_connects_to_one_job_at_once_marks_it_once_and_other_jobs_d
 
 def test_a_server_sent_events_stream_marks_its_job_and_gets_the_next_event_pushed(server):
     """Through the real ASGI server: the SSE stream follows through the same fan-out, so its job
-    is marked before its first read, and an event written after that comes as a push (the
-    stream's periodic check would take 5 s)."""
+    is marked before its first read (on PostgreSQL: elsewhere every event is pushed), and an
+    event written after that comes as a push (the stream's periodic check would take 5 s)."""
     import httpx
 
     from tests.live.conftest import token_for
@@ -271,7 +300,8 @@ def test_a_server_sent_events_stream_marks_its_job_and_gets_the_next_event_pushe
         assert response.status_code == 200
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("id:")) == "id: 1"
-        assert Job.objects.values_list("followed_until", flat=True).get(pk=job.pk) is not None
+        if on_postgresql:
+            assert Job.objects.values_list("followed_until", flat=True).get(pk=job.pk) is not None
         started = time.monotonic()
         log(job.pk, "after the stream's first read")
         assert next(line for line in lines if line.startswith("id:")) == "id: 2"

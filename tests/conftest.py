@@ -16,12 +16,25 @@ REVIEWER_PERMISSIONS = [
 ]
 
 
+_started_embedded_redis = False
+
+
 def pytest_configure(config):
-    # `make test` without REDIS_URL uses the embedded server, as `make run` does.
+    # `make test` without REDIS_URL uses the embedded server, as `make run` does, and stops it at
+    # the end if it started it (as `make run` does): no server is left behind a test run.
+    global _started_embedded_redis
     if not os.environ.get("REDIS_URL"):
         from devtools import embedded_redis
 
+        _started_embedded_redis = not embedded_redis.is_answering()
         embedded_redis.start()
+
+
+def pytest_unconfigure(config):
+    if _started_embedded_redis:
+        from devtools import embedded_redis
+
+        embedded_redis.stop()
 
 
 _session_workers: list = []

@@ -161,6 +161,12 @@ def database_recreate(url: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def embedded_redis_running() -> bool:
+    """Does the embedded Redis under var/ answer (`devtools.embedded_redis status`)?"""
+    status = [str(PYTHON), "-m", "devtools.embedded_redis", "status"]
+    return subprocess.run(status, cwd=ROOT, capture_output=True, timeout=30).returncode == 0
+
+
 def run_smoke(args: argparse.Namespace) -> None:
     database_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
     if args.embedded:
@@ -180,6 +186,7 @@ def run_smoke(args: argparse.Namespace) -> None:
         say(f"fresh database {urlsplit(database_url).path.lstrip('/')}")
         database_recreate(database_url)
 
+    redis_was_running = args.embedded and embedded_redis_running()
     port, flower_port = free_port(), free_port()
     metrics_token = secrets.token_hex(16)
     env = {key: value for key, value in os.environ.items() if key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_POOL")}
@@ -321,6 +328,8 @@ def run_smoke(args: argparse.Namespace) -> None:
         say(f"make exited ({code}); no process left")
         if "supervisor| stopped" not in make_run.lines:
             raise StepFailed("the supervisor did not say it stopped")
+        if args.embedded and not redis_was_running and embedded_redis_running():
+            raise StepFailed("make run left the embedded Redis it started running")
         if not args.embedded and not var_existed and (ROOT / "var").exists():
             raise StepFailed("make run made var/ although DATABASE_URL and REDIS_URL are set")
     except BaseException:

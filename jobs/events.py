@@ -29,7 +29,7 @@ from jobs.clock import db_now
 from jobs.errors import JobNotFound
 from jobs.followed import feed_followed
 from jobs.models import Job, JobEvent, column_converters, converted, job_update_returning
-from jobs.statements import NEXT_EVENT_SEQ, KeptExpression, MoveRows, move_statement
+from jobs.statements import NEXT_EVENT_SEQ, KeptExpression, MoveRows, move_statement, written_constant
 
 
 class RunLost(BaseException):
@@ -218,18 +218,13 @@ _MOVE_EVENT_COLUMNS = ["type", "step", "status", "message", "created_at"]
 _EVENT_ATTNAMES = ["id", "job_id", "seq", *_MOVE_EVENT_COLUMNS]
 
 
-# The values of a move's event that its INSERT writes in as constants (`jobs.statements`: each
-# parameter sent costs a dumper and a binding): a type, no step, no status or a job's, no message.
-_EVENT_CONSTANTS = (frozenset(JobEvent.Type.values), frozenset({""}), frozenset({"", *Job.Status.values}))
-
-
 def _event_constants(values: list) -> tuple:
-    """For each of a move's event's values (`_MOVE_EVENT_COLUMNS`): the constant it is (a plain
-    `str`; "{}" for no message), or None where it goes as a parameter (any other, and the time)."""
+    """For each of a move's event's values (`_MOVE_EVENT_COLUMNS`): the constant it is, by the
+    rule of a move's own statement (`jobs.statements.written_constant`: each parameter sent costs
+    a dumper and a binding), or None where it goes as a parameter. An event's status is a job's."""
     type_, step, status, message, _ = values
-    constants = [str.__str__(value) if isinstance(value, str) and value in allowed else None
-                 for value, allowed in zip((type_, step, status), _EVENT_CONSTANTS, strict=True)]
-    return (*constants, "{}" if type(message) is dict and not message else None, None)
+    return (written_constant(type_, "type", JobEvent), written_constant(step, "step", JobEvent),
+            written_constant(status, "status", Job), written_constant(message, "message", JobEvent), None)
 
 
 def _move_event_insert(connection, values: list) -> tuple[str, list]:

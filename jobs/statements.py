@@ -128,7 +128,7 @@ class _Kept:
     # colon)
     slots: tuple[tuple[int, str, Any], ...]
     # The places in the ORM's parameters whose values are written into `sql` (constants: `_value_kind`)
-    literals: tuple[int, ...] = ()
+    literals: frozenset[int] = frozenset()
 
 
 _kept: dict[tuple, _Kept] = {}
@@ -149,7 +149,7 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
                 slots = _shifted(slots, literals)
             if len(_kept) >= MAX_SHAPES:
                 _kept.clear()
-            _kept[key] = _Kept(sql, tuple(params), slots, tuple(sorted(literals)))
+            _kept[key] = _Kept(sql, tuple(params), slots, frozenset(literals))
         return sql, list(params)
     params = list(kept.params)
     for index, source, field in kept.slots:
@@ -211,19 +211,20 @@ def _expression_kind(expression: Any) -> Any:
 _PARAMETER_TYPES = frozenset({*_PLAIN, dict, list}) - {type(None)}
 
 
-def _value_kind(value: Any, column: str = "") -> Any:
+def _value_kind(value: Any, column: str = "", model: Any = None) -> Any:
     """How a written value shapes the statement: NULL, a parameter, a constant (`("constant",
-    …)`: written into the text), or this expression. `column`: the field written (its choices)."""
+    …)`: written into the text), or this expression. `column`: the field of `model` (a job's by
+    default) written, whose choices are constants."""
     if value is None:
         return "null"
     kind = type(value)
     if kind in _PARAMETER_TYPES:
         if kind is str:
-            return ("constant", value) if not value or value in _choices(column) else "value"
+            return ("constant", value) if not value or value in _choices(model or Job, column) else "value"
         if kind is bool or ((kind is dict or kind is list) and not value):
             return ("constant", kind, value if kind is bool else None)
         return "value"
-    if isinstance(value, str) and not hasattr(value, "resolve_expression") and value in _choices(column):
+    if isinstance(value, str) and not hasattr(value, "resolve_expression") and value in _choices(model or Job, column):
         return ("constant", str.__str__(value))  # a member of the field's choices' enum (a `TextChoices`)
     if hasattr(value, "kept_shape"):  # an expression that gives its own parameters (`KeptExpression`)
         return ("kept", type(value).__qualname__, value.kept_shape())
@@ -234,11 +235,19 @@ def _value_kind(value: Any, column: str = "") -> Any:
     return "value"
 
 
+def written_constant(value: Any, column: str, model: Any = None) -> tuple | None:
+    """The constant `value` is when written to `model`'s (a job's by default) `column`, as part of
+    a statement's shape (`_value_kind`), or None where it goes as a parameter. `jobs.events`
+    writes a move's event's constants with the same rule."""
+    kind = _value_kind(value, column, model)
+    return kind if isinstance(kind, tuple) and kind[0] == "constant" else None
+
+
 @functools.cache
-def _choices(column: str) -> frozenset[str]:
-    """The string values of the job field `column`'s choices (none for a field without)."""
+def _choices(model: Any, column: str) -> frozenset[str]:
+    """The string values of the choices of `model`'s field `column` (none for a field without)."""
     try:
-        field = Job._meta.get_field(column)
+        field = model._meta.get_field(column)
     except FieldDoesNotExist:
         return frozenset()
     if not field.choices:
@@ -255,8 +264,7 @@ def _literal_places(fields: dict[str, Any], slots: tuple, connection: Any) -> se
     for index, source, prepare in slots:
         if ":" in source or isinstance(prepare, int):  # a value of the WHERE, a KeptExpression's
             continue
-        kind = _value_kind(fields[source], source)
-        if isinstance(kind, tuple) and kind[0] == "constant":
+        if written_constant(fields[source], source) is not None:
             places.add(index)
     return places
 
@@ -264,7 +272,7 @@ def _literal_places(fields: dict[str, Any], slots: tuple, connection: Any) -> se
 _PLACEHOLDER = re.compile(r"%%|%s")
 
 
-def _written_in(sql: str, params: Any, places: set[int], connection: Any) -> str:
+def _written_in(sql: str, params: Any, places: set[int] | frozenset[int], connection: Any) -> str:
     """`sql` with the parameters at `places` written in as literals (`dbkit.values.sql_literal`)."""
     count = -1
 
@@ -410,9 +418,8 @@ def _check(rows: MoveRows, fields: dict[str, Any], connection: Any, kept: _Kept,
     _, _, expected_sql, expected_params = _compiled(rows, fields, connection)
     sql = kept.sql
     if kept.literals:
-        places = set(kept.literals)
-        expected_sql = _written_in(expected_sql, expected_params, places, connection)
-        expected_params = [p for i, p in enumerate(expected_params) if i not in places]
+        expected_sql = _written_in(expected_sql, expected_params, kept.literals, connection)
+        expected_params = [p for i, p in enumerate(expected_params) if i not in kept.literals]
     if sql != expected_sql or [comparable(p) for p in params] != [comparable(p) for p in expected_params]:
         raise AssertionError(f"a kept move statement differs from the ORM's:\n{sql}\n{params}\n"
                              f"{expected_sql}\n{list(expected_params)}")

@@ -22,8 +22,10 @@ from django.db.models.signals import post_init, pre_init
 def instance_from_row(model: type[Model], using: str, attnames: list[str], values: list) -> Model:
     """What `model.from_db(using, attnames, values)` returns, where `attnames` are all the
     model's concrete fields' attribute names, in `_meta.concrete_fields` order."""
-    if (len(values) != len(model._meta.concrete_fields) or pre_init.has_listeners(model)
-            or post_init.has_listeners(model)):
+    # No receiver at all (the usual case) is what `Signal.send` itself checks first.
+    if (len(values) != len(model._meta.concrete_fields)
+            or ((pre_init.receivers or post_init.receivers)
+                and (pre_init.has_listeners(model) or post_init.has_listeners(model)))):
         return model.from_db(using, attnames, values)
     instance = model.__new__(model)
     instance.__dict__.update(zip(attnames, values, strict=True))

@@ -15,10 +15,11 @@ test settings (`JOBS_CHECK_MOVE_STATEMENTS`), so the whole suite checks the prep
 from __future__ import annotations
 
 import datetime
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-from django.db.models import CharField, DateTimeField, JSONField, TextField
+from django.db.models import CharField, DateTimeField, JSONField, TextField, UUIDField
 
 Preparer = Callable[[Any, Any], Any]
 
@@ -39,6 +40,22 @@ def save_preparer(field: Any, connection: Any) -> Preparer:
         encoder = field.encoder
         return lambda value, connection: (connection.ops.adapt_json_value(value, encoder)
                                           if type(value) is dict or type(value) is list else slow(value, connection))
+    return slow
+
+
+def lookup_preparer(field: Any, connection: Any) -> Preparer:
+    """`prepare(value, connection)`, which returns what an `exact` lookup on `field` sends for
+    `value` (`field.get_db_prep_value(field.get_prep_value(value), connection, prepared=True)`),
+    for a connection of the same backend as `connection`. Make it once and keep it."""
+    def slow(value: Any, connection: Any) -> Any:
+        return field.get_db_prep_value(field.get_prep_value(value), connection, prepared=True)
+
+    kind = type(field)
+    if kind is CharField or kind is TextField:
+        return lambda value, connection: value if type(value) is str else slow(value, connection)
+    if kind is UUIDField and connection.features.has_native_uuid_field:
+        # A `UUID` is its own prepared value where the backend stores UUIDs natively (PostgreSQL).
+        return lambda value, connection: value if type(value) is uuid.UUID else slow(value, connection)
     return slow
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 from contextlib import AbstractContextManager, nullcontext
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import F, Func, JSONField, Value
 from django.db.models.expressions import DatabaseDefault
 from django.db.models.sql import InsertQuery
@@ -29,7 +29,14 @@ from jobs.clock import db_now
 from jobs.errors import JobNotFound
 from jobs.followed import feed_followed
 from jobs.models import Job, JobEvent, column_converters, converted, job_update_returning
-from jobs.statements import NEXT_EVENT_SEQ, KeptExpression, MoveRows, move_statement, written_constant
+from jobs.statements import (
+    NEXT_EVENT_SEQ,
+    KeptExpression,
+    MoveRows,
+    move_statement,
+    written_constant,
+    written_constants,
+)
 
 
 class RunLost(BaseException):
@@ -223,8 +230,8 @@ def _event_constants(values: list) -> tuple:
     rule of a move's own statement (`jobs.statements.written_constant`: each parameter sent costs
     a dumper and a binding), or None where it goes as a parameter. An event's status is a job's."""
     type_, step, status, message, _ = values
-    return (written_constant(type_, "type", JobEvent), written_constant(step, "step", JobEvent),
-            written_constant(status, "status", Job), written_constant(message, "message", JobEvent), None)
+    type_, step, message = written_constants((("type", type_), ("step", step), ("message", message)), JobEvent)
+    return type_, step, written_constant(status, "status", Job), message, None
 
 
 def _move_event_insert(connection, values: list) -> tuple[str, list]:
@@ -324,9 +331,15 @@ def one_statement_write() -> AbstractContextManager:
     statement that fails aborts it, as any failed statement does; a caller that must survive a
     failed write opens its own `atomic` around it. Elsewhere (SQLite: two statements) a
     transaction of its own."""
-    if transaction.get_connection().vendor == "postgresql":
+    if _vendor(DEFAULT_DB_ALIAS) == "postgresql":
         return nullcontext()
     return transaction.atomic()
+
+
+@cache
+def _vendor(alias: str) -> str:
+    """The vendor of the database `alias` (fixed for the process; every move asks)."""
+    return connections[alias].vendor
 
 
 def event_append(

@@ -117,6 +117,8 @@ class TransitionHook:
 
 
 _transition_hooks: dict[str, TransitionHook] = {}
+# (status, has_owner) → the hooks of such a move (`transition_hooks_for`); emptied at a registration.
+_hooks_for: dict[tuple[str, bool | None], tuple[TransitionHook, ...]] = {}
 
 
 def transition_hook(
@@ -136,18 +138,23 @@ def transition_hook(
     def register(fn: Callable[..., None]) -> Callable[..., None]:
         _transition_hooks[name] = TransitionHook(name=name, statuses=frozenset(statuses), fn=fn,
                                                  owners_only=owners_only, before=before, needed_when=needed_when)
+        _hooks_for.clear()
         return fn
 
     return register
 
 
-def transition_hooks_for(to: str, *, has_owner: bool | None) -> list[TransitionHook]:
+def transition_hooks_for(to: str, *, has_owner: bool | None) -> tuple[TransitionHook, ...]:
     """The hooks a move into `to` runs. `has_owner=None` (not known yet) counts every
-    owners-only hook as possibly running."""
-    return [
-        hook for hook in _transition_hooks.values()
-        if to in hook.statuses and (has_owner is not False or not hook.owners_only)
-    ]
+    owners-only hook as possibly running. Worked out once for each (every move asks, twice)."""
+    key = (to, has_owner)
+    found = _hooks_for.get(key)
+    if found is None:
+        found = _hooks_for[key] = tuple(
+            hook for hook in _transition_hooks.values()
+            if to in hook.statuses and (has_owner is not False or not hook.owners_only)
+        )
+    return found
 
 
 # -- visibility --------------------------------------------------------------------------------

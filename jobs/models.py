@@ -117,8 +117,11 @@ def job_from_row(row: Any, *, using: str, connection: Any, reading: tuple | None
     `reading`: `_job_row_reading(connection)`, when the caller has it already."""
     _, attnames, converting, _ = reading or _job_row_reading(connection)
     values = list(row[:len(attnames)])
-    for index, field, converters in converting:
-        values[index] = converted(values[index], field, converters, connection)
+    for index, field, converters in converting:  # `converted`, without a call for each column
+        value = values[index]
+        for converter in converters:
+            value = converter(value, field, connection)
+        values[index] = value
     return instance_from_row(Job, using, attnames, values)
 
 

@@ -40,6 +40,7 @@ import decimal
 import functools
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ from django.db.models.lookups import Exact
 from django.db.models.sql.subqueries import UpdateQuery
 from django.db.models.sql.where import WhereNode
 
-from dbkit.values import comparable, save_preparer, sql_literal
+from dbkit.values import comparable, lookup_preparer, save_preparer, sql_literal
 from jobs.extensions import TransitionHook
 from jobs.models import Job, status_among
 
@@ -124,8 +125,8 @@ class _Kept:
     # (index in params, where the value comes from, what prepares it): the source is a column
     # written (its name; prepared by its field's preparer, `dbkit.values`, or a count of a
     # KeptExpression's parameters), or a value of the WHERE ("where:pk", "where:attempts",
-    # "where:checkpoint_key", "where:suspended_on", with the field compared; no column name has a
-    # colon)
+    # "where:checkpoint_key", "where:suspended_on", prepared as the lookup on its field prepares it,
+    # `dbkit.values.lookup_preparer`; no column name has a colon)
     slots: tuple[tuple[int, str, Any], ...]
     # The places in the ORM's parameters whose values are written into `sql` (constants: `_value_kind`)
     literals: frozenset[int] = frozenset()
@@ -152,19 +153,20 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
             _kept[key] = _Kept(sql, tuple(params), slots, frozenset(literals))
         return sql, list(params)
     params = list(kept.params)
-    for index, source, field in kept.slots:
+    for index, source, prepare in kept.slots:
+        # `prepare`: the value's preparer (`dbkit.values`; checked below with the rest).
         if source == "where:pk":
-            params[index] = _lookup_value(field, rows.job_id, connection)
+            params[index] = prepare(rows.job_id, connection)
         elif source == "where:attempts":
-            params[index] = _lookup_value(field, rows.only_attempt, connection)
+            params[index] = prepare(rows.only_attempt, connection)
         elif source == "where:checkpoint_key":
             params[index] = rows.without_checkpoint_key
         elif source == "where:suspended_on":
-            params[index] = _lookup_value(field, rows.suspended_on, connection)
-        elif isinstance(field, int):  # a KeptExpression's parameters, `field` of them
-            params[index:index + field] = fields[source].kept_params()
-        else:  # a value written: `field` is its preparer (`dbkit.values`), checked below with the rest
-            params[index] = field(fields[source], connection)
+            params[index] = prepare(rows.suspended_on, connection)
+        elif isinstance(prepare, int):  # a KeptExpression's parameters, `prepare` of them
+            params[index:index + prepare] = fields[source].kept_params()
+        else:  # a value written
+            params[index] = prepare(fields[source], connection)
     if settings.JOBS_CHECK_MOVE_STATEMENTS:
         _check(rows, fields, connection, kept, params)
     return kept.sql, params
@@ -174,13 +176,10 @@ def _key(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple | Non
     shape = rows.shape()
     if shape is None:
         return None
-    written = []
-    for name, value in fields.items():
-        kind = _value_kind(value, name)
-        if kind is None:
-            return None
-        written.append((name, kind))
-    return connection.alias, shape, tuple(written)
+    kinds = _value_kinds(fields.items())
+    if None in kinds:
+        return None
+    return connection.alias, shape, tuple(zip(fields, kinds, strict=True))
 
 
 def _remembered(thing: Any, name: str, work_out: Any) -> Any:
@@ -215,32 +214,48 @@ def _value_kind(value: Any, column: str = "", model: Any = None) -> Any:
     """How a written value shapes the statement: NULL, a parameter, a constant (`("constant",
     …)`: written into the text), or this expression. `column`: the field of `model` (a job's by
     default) written, whose choices are constants."""
-    if value is None:
-        return "null"
-    kind = type(value)
-    if kind in _PARAMETER_TYPES:
-        if kind is str:
-            return ("constant", value) if not value or value in _choices(model or Job, column) else "value"
-        if kind is bool or ((kind is dict or kind is list) and not value):
-            return ("constant", kind, value if kind is bool else None)
-        return "value"
-    if isinstance(value, str) and not hasattr(value, "resolve_expression") and value in _choices(model or Job, column):
-        return ("constant", str.__str__(value))  # a member of the field's choices' enum (a `TextChoices`)
-    if hasattr(value, "kept_shape"):  # an expression that gives its own parameters (`KeptExpression`)
-        return ("kept", type(value).__qualname__, value.kept_shape())
-    if hasattr(value, "resolve_expression"):
-        return _remembered(value, "_kept_kind", _expression_kind)
-    if hasattr(value, "prepare_database_save"):
-        return None  # a model instance: the ORM's way
-    return "value"
+    return _value_kinds(((column, value),), model)[0]
+
+
+def _value_kinds(written: Iterable[tuple[str, Any]], model: Any = None) -> list:
+    """`_value_kind` of each (column, value) of `written`, in one loop: a move works out a dozen
+    of them (a function call each was a tenth of its statement's key)."""
+    kinds = []
+    model = model or Job
+    for column, value in written:
+        kind = type(value)
+        if value is None:
+            kinds.append("null")
+        elif kind in _PARAMETER_TYPES:
+            if kind is str:
+                kinds.append(("constant", value) if not value or value in _choices(model, column) else "value")
+            elif kind is bool or ((kind is dict or kind is list) and not value):
+                kinds.append(("constant", kind, value if kind is bool else None))
+            else:
+                kinds.append("value")
+        elif isinstance(value, str) and not hasattr(value, "resolve_expression") and value in _choices(model, column):
+            kinds.append(("constant", str.__str__(value)))  # a member of the field's choices' enum (a `TextChoices`)
+        elif hasattr(value, "kept_shape"):  # an expression that gives its own parameters (`KeptExpression`)
+            kinds.append(("kept", type(value).__qualname__, value.kept_shape()))
+        elif hasattr(value, "resolve_expression"):
+            kinds.append(_remembered(value, "_kept_kind", _expression_kind))
+        elif hasattr(value, "prepare_database_save"):
+            kinds.append(None)  # a model instance: the ORM's way
+        else:
+            kinds.append("value")
+    return kinds
 
 
 def written_constant(value: Any, column: str, model: Any = None) -> tuple | None:
     """The constant `value` is when written to `model`'s (a job's by default) `column`, as part of
     a statement's shape (`_value_kind`), or None where it goes as a parameter. `jobs.events`
     writes a move's event's constants with the same rule."""
-    kind = _value_kind(value, column, model)
-    return kind if isinstance(kind, tuple) and kind[0] == "constant" else None
+    return written_constants(((column, value),), model)[0]
+
+
+def written_constants(written: Iterable[tuple[str, Any]], model: Any = None) -> list[tuple | None]:
+    """`written_constant` of each (column, value) of `written`."""
+    return [kind if type(kind) is tuple and kind[0] == "constant" else None for kind in _value_kinds(written, model)]
 
 
 @functools.cache
@@ -319,11 +334,6 @@ def _plain_condition(condition: Q) -> bool:
     return True
 
 
-def _lookup_value(field: Any, value: Any, connection: Any) -> Any:
-    """A value compared with `field` in a WHERE, as an `exact` lookup prepares it."""
-    return field.get_db_prep_value(field.get_prep_value(value), connection, prepared=True)
-
-
 def _compiled(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[Any, Any, str, tuple]:
     query = rows.queryset().query.chain(UpdateQuery)
     query.add_update_values(fields)
@@ -372,7 +382,7 @@ def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str
             if source is not None:
                 if count != 1 or any(taken == source for _, taken, _ in slots):  # a column compared twice
                     return sql, params, None
-                slots.append((index, source, target))
+                slots.append((index, source, lookup_preparer(target, connection)))
         index += count
     if index != len(params):
         return sql, params, None

@@ -1,17 +1,19 @@
-"""`dbkit.values.save_preparer` gives what the field's `get_db_prep_save` gives, for any value."""
+"""`dbkit.values.save_preparer` gives what the field's `get_db_prep_save` gives, for any value;
+`lookup_preparer` what an `exact` lookup on the field sends."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, timedelta, timezone
 
 import pytest
 from django.db import connection
-from django.db.models import CharField, DateTimeField, F, IntegerField, JSONField, TextField, Value
+from django.db.models import CharField, DateTimeField, F, IntegerField, JSONField, TextField, UUIDField, Value
 from django.utils.functional import lazy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dbkit.values import _comparable, prepared_checked, save_preparer
+from dbkit.values import _comparable, lookup_preparer, prepared_checked, save_preparer
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
                            lambda children: st.lists(children, max_size=3)
@@ -61,3 +63,32 @@ def test_the_check_catches_a_preparer_that_differs():
     with pytest.raises(AssertionError, match="get_db_prep_save gives"):
         prepared_checked(field, lambda value, connection: value.upper(), "abc", connection)
     assert prepared_checked(field, save_preparer(field, connection), "abc", connection) == "abc"
+
+
+LOOKUP_FIELDS = [UUIDField(), CharField(max_length=20), TextField(), IntegerField()]
+lookup_values = st.one_of(
+    st.uuids(), st.uuids().map(str), st.uuids().map(lambda value: value.hex), st.text(max_size=8), st.integers(),
+    st.none(), st.builds(_Str, st.text(max_size=4)), st.just(lazy(lambda: "lazy", str)()),
+)
+
+
+@pytest.mark.parametrize("field", LOOKUP_FIELDS, ids=lambda field: type(field).__name__)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(value=lookup_values)
+def test_a_lookup_preparer_gives_what_the_exact_lookup_sends(field, value):
+    prepare = lookup_preparer(field, connection)
+    try:
+        expected = field.get_db_prep_value(field.get_prep_value(value), connection, prepared=True)
+    except Exception as exc:  # the field refuses the value: so does the preparer, the same way
+        with pytest.raises(type(exc)):
+            prepare(value, connection)
+        return
+    prepared = prepare(value, connection)
+    assert _comparable(prepared) == _comparable(expected)
+    assert type(prepared) is type(expected)
+
+
+def test_a_lookup_preparer_takes_a_uuid_as_it_is_only_where_the_backend_stores_uuids():
+    value = uuid.uuid4()
+    prepared = lookup_preparer(UUIDField(), connection)(value, connection)
+    assert prepared == (value if connection.features.has_native_uuid_field else value.hex)

@@ -23,6 +23,7 @@ import datetime
 from functools import lru_cache
 from typing import Any
 
+from django.conf import settings
 from django.db.backends.postgresql import base
 from psycopg_pool import ConnectionPool
 
@@ -74,8 +75,6 @@ class DatabaseWrapper(base.DatabaseWrapper):
         values written in: 5 % of the web process's CPU per `POST /api/jobs/` under `make run`,
         whose web process has DEBUG. Here DEBUG records them only with DATABASE_RECORD_QUERIES;
         a test that captures them (`CaptureQueriesContext`, `assertNumQueries`) always does."""
-        from django.conf import settings
-
         return self.force_debug_cursor or (settings.DEBUG and getattr(settings, "DATABASE_RECORD_QUERIES", True))
 
     @property
@@ -89,7 +88,5 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def get_connection_params(self) -> dict[str, Any]:
         params = super().get_connection_params()
         if is_psycopg3 and "context" in params:
-            from django.conf import settings
-
             params["context"] = adapters_template(settings.USE_TZ, self.timezone)
         return params

@@ -11,7 +11,6 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import replace
 from functools import cache, partial
 from typing import Any, NoReturn
 
@@ -101,25 +100,27 @@ def job_transition(
     after = [hook for hook in hooks if not hook.before]
     # A child's end wakes its gathering parent in the same transaction (jobs.services.family).
     family = to in Job.TERMINAL and has_parent is not False
-    move = MoveRows(job_id=job_id, sources=sources, only_attempt=only_attempt, where=where, suspended_on=suspended_on)
+    selects = {"job_id": job_id, "sources": sources, "only_attempt": only_attempt, "where": where,
+               "suspended_on": suspended_on}
     written = None
     if after and not family and all(hook.needed_when is not None for hook in after):
         # First as the one statement, where no after-hook is needed (an owner without webhooks):
         # matching nothing writes nothing, and the move then takes its transaction below.
-        quiet = replace(move, unless_needed=tuple(after), no_feature_rows=bool(before))
+        quiet = MoveRows(**selects, unless_needed=tuple(after), no_feature_rows=bool(before))
         with one_statement_write():
             written = job_update_with_event(rows=quiet, fields=values, type="status", status=to, message=message)
     if written is None:
         with _transition_transaction(alone=not after and not family):
             if before:
                 # A job that holds no feature rows has nothing to close: the one statement, as usual.
-                written = job_update_with_event(rows=replace(move, no_feature_rows=True), fields=values,
+                written = job_update_with_event(rows=MoveRows(**selects, no_feature_rows=True), fields=values,
                                                 type="status", status=to, message=message)
                 if written is None:
-                    written = _move_closing_first(move, before, job_id=job_id, to=to, fields=values,
+                    written = _move_closing_first(MoveRows(**selects), before, job_id=job_id, to=to, fields=values,
                                                   message=message, actor=actor, channel=channel)
             else:
-                written = job_update_with_event(rows=move, fields=values, type="status", status=to, message=message)
+                written = job_update_with_event(rows=MoveRows(**selects), fields=values, type="status", status=to,
+                                                message=message)
             if written is not None:
                 # In this transaction: a committed move always has its hooks' writes (closed
                 # questions and waits, queued webhook deliveries) committed with it.

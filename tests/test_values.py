@@ -38,14 +38,21 @@ class _Str(str):
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
 @given(value=values)
 def test_a_preparer_gives_what_get_db_prep_save_gives(field, value):
-    prepare = save_preparer(field, connection)
+    _agree(save_preparer(field, connection), lambda: field.get_db_prep_save(value, connection), value)
+
+
+def _agree(prepare, the_fields_way, value):
+    """`prepare(value, connection)` gives what `the_fields_way()` gives, of the same type, or
+    refuses the value as it does."""
     try:
-        expected = _comparable(field.get_db_prep_save(value, connection))
+        expected = the_fields_way()
     except Exception as exc:  # the field refuses the value: so does the preparer, the same way
         with pytest.raises(type(exc)):
             prepare(value, connection)
         return
-    assert _comparable(prepare(value, connection)) == expected
+    prepared = prepare(value, connection)
+    assert _comparable(prepared) == _comparable(expected)
+    assert type(prepared) is type(expected)
 
 
 def test_a_subclass_of_str_and_an_unknown_field_class_go_the_fields_way():
@@ -76,16 +83,8 @@ lookup_values = st.one_of(
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
 @given(value=lookup_values)
 def test_a_lookup_preparer_gives_what_the_exact_lookup_sends(field, value):
-    prepare = lookup_preparer(field, connection)
-    try:
-        expected = field.get_db_prep_value(field.get_prep_value(value), connection, prepared=True)
-    except Exception as exc:  # the field refuses the value: so does the preparer, the same way
-        with pytest.raises(type(exc)):
-            prepare(value, connection)
-        return
-    prepared = prepare(value, connection)
-    assert _comparable(prepared) == _comparable(expected)
-    assert type(prepared) is type(expected)
+    _agree(lookup_preparer(field, connection),
+           lambda: field.get_db_prep_value(field.get_prep_value(value), connection, prepared=True), value)
 
 
 def test_a_lookup_preparer_takes_a_uuid_as_it_is_only_where_the_backend_stores_uuids():

@@ -7,6 +7,8 @@ every value, each asking what the value is (an expression? a lazy string?), to g
 A no-op job's two moves prepared 18 values that way (bench/README.md, "Values prepared"). A
 preparer answers those cases from the value's exact type and leaves every other value (an
 expression, a subclass, a naive time, another field's class) to the field's own method.
+`lookup_preparer` does the same for the value an `exact` lookup sends (a kept move's WHERE: the
+job's id, what it is suspended on).
 
 `prepared_checked` prepares a value both ways, and the two must agree: the callers use it under the
 test settings (`JOBS_CHECK_MOVE_STATEMENTS`), so the whole suite checks the preparers.

@@ -36,6 +36,5 @@ def register() -> None:
     )
     extensions.job_admin_inline(JobDecisionInline, order=10)
 
-    from approvals.testing import answer_paused_job
-
-    extensions.harness_driver("approvals.answer", status=Job.Status.PAUSED)(answer_paused_job)
+    extensions.harness_driver("approvals.answer", status=Job.Status.PAUSED,
+                              resume="approvals.testing.answer_paused_job")

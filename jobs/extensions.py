@@ -32,7 +32,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
+
+from django.utils.module_loading import import_string
 
 __all__ = [
     "HarnessDriver",
@@ -285,27 +288,33 @@ class HarnessDriver:
     `prepare(ctx, run)`, when given, is called on each run's context before the handler runs:
     it installs the test doubles the feature needs (a fake outside service for `ctx.wait_for`).
     `run` is the `jobs.testing.KindRun` (its `answers`, `wait_results`, `clock`).
+
+    Both are registered by their dotted paths and imported when a test's harness first asks for
+    them: a feature's harness module imports `jobs.testing` (and its test doubles, `unittest.mock`
+    among them), which no process that serves jobs needs to load.
     """
 
     name: str
     status: str
-    resume: Callable[[Any, Any], bool]
-    prepare: Callable[[Any, Any], None] | None = None
+    resume_path: str
+    prepare_path: str | None = None
+
+    @cached_property
+    def resume(self) -> Callable[[Any, Any], bool]:
+        return import_string(self.resume_path)
+
+    @cached_property
+    def prepare(self) -> Callable[[Any, Any], None] | None:
+        return import_string(self.prepare_path) if self.prepare_path else None
 
 
 _harness_drivers: dict[str, HarnessDriver] = {}
 
 
-def harness_driver(name: str, *, status: str, prepare: Callable[[Any, Any], None] | None = None,
-                   ) -> Callable[[Callable[[Any, Any], bool]], Callable[[Any, Any], bool]]:
-    """Register the decorated `resume(job, run)` as the harness driver `name` for jobs
-    suspended in `status`."""
-
-    def register(fn: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
-        _harness_drivers[name] = HarnessDriver(name=name, status=status, resume=fn, prepare=prepare)
-        return fn
-
-    return register
+def harness_driver(name: str, *, status: str, resume: str, prepare: str | None = None) -> None:
+    """Register the harness driver `name` for jobs suspended in `status`: `resume` and `prepare`
+    are the dotted paths of its functions (see `HarnessDriver`)."""
+    _harness_drivers[name] = HarnessDriver(name=name, status=status, resume_path=resume, prepare_path=prepare)
 
 
 def harness_drivers() -> list[HarnessDriver]:

@@ -171,6 +171,23 @@ def _serve_every_queue_by_default(sender=None, conf=None, **kwargs) -> None:
     conf.task_queues = [Queue(name, Exchange(name), routing_key=name) for name in names]
 
 
+# What a pool process's work imports and no process's start does (webhooks/targets.py): the HTTP
+# client of webhooks and of calls to outside services, DRF's renderer and the API's serializer for
+# a webhook's payload. A worker's main process imports them before it forks its pool, so each pool
+# process shares them (frozen with the rest, below) instead of importing its own at its first
+# webhook. Celery's start-up run of Django's checks loads the URLconfs and with them the last two;
+# with CELERY_SKIP_CHECKS set it does not.
+POOL_PRELOADED = ("httpx", "rest_framework.renderers", "jobs.serializers")
+
+
+@signals.worker_init.connect
+def _load_what_the_pool_uses(**kwargs) -> None:
+    import importlib
+
+    for name in POOL_PRELOADED:
+        importlib.import_module(name)
+
+
 @signals.worker_before_create_process.connect
 def _freeze_before_forking(**kwargs) -> None:
     """In a worker's main process, just before it forks a pool process: what the main process

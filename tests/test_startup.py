@@ -1,7 +1,8 @@
 """What a platform process loads at start: daphne (and with it Twisted and autobahn) only for
 `manage.py runserver`, whose ASGI server it is. Everywhere else it cost about 0.6 s of start-up
 and 23 MB per process (taskplatform/settings/base.py). The web process loads at start what its
-first requests would otherwise load (taskplatform/asgi.py)."""
+first requests would otherwise load (taskplatform/asgi.py), a worker what its pool's work would
+(taskplatform/celery.py), and no process the test harness or an HTTP client at its start."""
 
 from __future__ import annotations
 
@@ -40,6 +41,31 @@ def test_the_web_server_and_the_workers_load_no_twisted():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-2:] == ["[]", "no daphne app"], out.stdout
+
+
+# Loaded by no process's start (Django's apps made ready and the Celery app: a command, beat, a
+# worker before it loads what its pool uses): the test harness and its doubles, which only a test
+# uses, and what only a worker's sending uses, an HTTP client and DRF's serializers (the web's
+# URLconfs load those before it serves). Some 270 modules, a fifth of a command's start.
+NOT_AT_START = ("jobs.testing", "approvals.testing", "waits.testing", "unittest.mock", "httpx", "requests",
+                "rest_framework.serializers", "rest_framework.renderers")
+STARTED = f"""
+import sys
+import django
+django.setup()
+import taskplatform.celery
+print(" ".join(name for name in {NOT_AT_START!r} if name in sys.modules) or "none")
+"""
+
+
+@pytest.mark.parametrize("settings_module", ["production", "development"])
+def test_a_process_starts_without_the_test_harness_or_an_http_client(settings_module):
+    env = _env(DJANGO_SETTINGS_MODULE=f"taskplatform.settings.{settings_module}", DJANGO_SECRET_KEY="x" * 50,
+               DJANGO_SECURE_COOKIES="false")
+    out = subprocess.run([sys.executable, "-c", STARTED], cwd=BASE_DIR, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["none"], out.stdout
 
 
 def test_runserver_still_serves_asgi_through_daphne():
@@ -130,3 +156,26 @@ def test_a_new_web_processs_first_submit_answer_and_list_import_nothing():
     answers = json.loads(out.stdout.strip().splitlines()[-1])
     assert [status for status, _ in answers] == [201, 200, 200], out.stderr[-2000:]
     assert [imported for _, imported in answers] == [[], [], []]
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_pool_process_has_what_its_work_imports_before_its_first_job(only_own_workers):
+    """A worker's main process loads what no start-up loads and its pool's work would (an HTTP
+    client for webhooks and outside calls, a webhook payload's serializer) before it forks: each
+    pool process shares them instead of importing its own at its first webhook. Celery's start-up
+    run of Django's checks, which loads the URLconfs and with them DRF, is off here, so that only
+    that loading can have loaded them."""
+    from jobs.models import Job
+    from jobs.services import job_submit
+    from taskplatform.celery import POOL_PRELOADED
+    from tests.support.processes import celery_worker, wait_until
+
+    worker = celery_worker(name="preloads", concurrency=1, env={"CELERY_SKIP_CHECKS": "1"}).start()
+    try:
+        job, _ = job_submit(kind="test.process_state", input={})
+        wait_until(lambda: Job.objects.filter(pk=job.pk, status=Job.Status.COMPLETED).exists(), timeout=30,
+                   message=f"job {job.pk} did not complete")
+    finally:
+        worker.stop()
+    assert Job.objects.get(pk=job.pk).result["preloaded"] == sorted(POOL_PRELOADED)

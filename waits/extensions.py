@@ -33,8 +33,5 @@ def register() -> None:
     extensions.job_section(pages.SECTION, template="waits/_job_wait.html", order=20)(pages.combined_wait_section)
     extensions.job_admin_inline(WaitInline, order=20)
 
-    from waits.testing import install_service_doubles, resume_waiting_job
-
-    extensions.harness_driver("waits.service", status=Job.Status.WAITING, prepare=install_service_doubles)(
-        resume_waiting_job
-    )
+    extensions.harness_driver("waits.service", status=Job.Status.WAITING, resume="waits.testing.resume_waiting_job",
+                              prepare="waits.testing.install_service_doubles")

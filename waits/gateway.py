@@ -11,7 +11,6 @@ from __future__ import annotations
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-import httpx
 from django.conf import settings
 from django.utils import timezone
 
@@ -35,6 +34,8 @@ def retry_after_seconds(value: str | None, default: float = 1.0) -> float:
 def service_request(method: str, url: str, *, json: Any = None, headers: dict[str, str] | None = None,
                     timeout: float | None = None) -> tuple[int, Any]:
     """One HTTP call to an outside service; see the module's docstring for what it raises."""
+    import httpx  # here: job kinds import this module in every process, only a job's call sends
+
     try:
         response = httpx.request(method, url, json=json, headers=headers,
                                  timeout=timeout if timeout is not None else settings.WAITS_HTTP_TIMEOUT)

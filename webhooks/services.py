@@ -18,12 +18,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import httpx
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
-from rest_framework.renderers import JSONRenderer
 
 from dbkit.kept import KeptRead
 from jobs.backoff import backoff_with_jitter
@@ -33,6 +31,7 @@ from jobs.models import Job
 from jobs.timestamps import iso_utc
 from webhooks.models import Webhook, WebhookDelivery
 from webhooks.targets import (
+    WebhookSendFailed,
     WebhookTargetRefused,
     WebhookTargetUnresolved,
     webhook_target_post,
@@ -80,6 +79,11 @@ def webhook_sign(*, secret: str, timestamp: int, body: bytes) -> str:
 
 
 def _job_payload(job: Job) -> dict[str, Any]:
+    # The API's own representation; DRF is imported here, not at the module's top, as this module
+    # is imported in every process (the admin's actions) and only a worker's move with webhooks
+    # to queue builds a payload (`taskplatform.celery.POOL_PRELOADED`).
+    from rest_framework.renderers import JSONRenderer
+
     from jobs.serializers import JobSerializer
 
     return json.loads(JSONRenderer().render(JobSerializer(job).data))
@@ -193,8 +197,8 @@ def webhook_deliver(*, delivery_id: Any) -> str:
     try:
         response = webhook_target_post(target=target, content=body, headers=headers,
                                        timeout=settings.WEBHOOK_TIMEOUT)
-    except httpx.HTTPError as exc:
-        return _record(delivery, status_code=None, error=f"{type(exc).__name__}: {exc}"[:2000])
+    except WebhookSendFailed as exc:
+        return _record(delivery, status_code=None, error=str(exc)[:2000])
     if 200 <= response.status_code < 300:
         return _record(delivery, status_code=response.status_code, error="")
     if response.is_redirect:

@@ -12,6 +12,10 @@ Redirects are never followed.
 
 WEBHOOKS_ALLOW_PRIVATE_NETWORKS switches the address policy off, for on-premise deployments whose
 receivers are internal; the rest (scheme, host, credentials, pinning) still applies.
+
+The model's validator imports this module in every process; only a worker that sends needs an HTTP
+client, so httpx is imported by the two functions that use it (a worker's main process loads it
+before it forks its pool: `taskplatform.celery.POOL_PRELOADED`).
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ import logging
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from jobs.errors import PlatformError
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +60,11 @@ class WebhookTargetRefused(PlatformError):
 
 class WebhookTargetUnresolved(Exception):
     """The host has no address now (DNS failed): worth trying again later."""
+
+
+class WebhookSendFailed(Exception):
+    """No answer from the receiver (refused, reset, timed out, not HTTP): worth trying again later.
+    The message is the transport's error, its type first ("ConnectTimeout: ...")."""
 
 
 def address_refusal(address: IPAddress) -> str | None:
@@ -168,6 +179,8 @@ def webhook_target_resolve(*, url: str) -> WebhookTarget:
     resolves to. WebhookTargetRefused when any one is not public (a name with one private address
     among public ones is refused too: it is a mistake or an attempt, and answers can be shuffled);
     WebhookTargetUnresolved when DNS gives no answer (worth another try later)."""
+    import httpx
+
     webhook_url_check(url)
     try:
         parsed = httpx.URL(url)
@@ -230,7 +243,10 @@ def webhook_target_post(
 
     The request goes to the address itself; `Host` carries the URL's host and port, and for https
     the `sni_hostname` request extension makes TLS send the URL's host as SNI and verify the
-    certificate against it (httpx's documented way to connect to an explicit IP)."""
+    certificate against it (httpx's documented way to connect to an explicit IP). No answer at all
+    raises WebhookSendFailed."""
+    import httpx
+
     url = target.url
     host = url.raw_host.decode("ascii")
     is_literal = _literal_address(host) is not None
@@ -247,18 +263,21 @@ def webhook_target_post(
     )
     last_error: httpx.ConnectError | None = None
     deadline = time.monotonic() + timeout
-    with client:
-        for address in target.addresses[:MAX_ADDRESSES_TRIED]:
-            try:
-                with client.stream(
-                    "POST",
-                    url.copy_with(host=str(address)),
-                    content=content,
-                    headers={**headers, "Host": host_header, "Accept-Encoding": "identity"},
-                    extensions=extensions,
-                ) as response:
-                    return _answer_read(response, deadline=deadline)
-            except httpx.ConnectError as exc:  # the next address may answer (IPv6 or IPv4, one server down)
-                last_error = exc
-                logger.info("webhook: cannot connect to %s for %s: %s", address, host, exc)
-    raise last_error or httpx.ConnectError(f"{host}: no address to connect to")
+    try:
+        with client:
+            for address in target.addresses[:MAX_ADDRESSES_TRIED]:
+                try:
+                    with client.stream(
+                        "POST",
+                        url.copy_with(host=str(address)),
+                        content=content,
+                        headers={**headers, "Host": host_header, "Accept-Encoding": "identity"},
+                        extensions=extensions,
+                    ) as response:
+                        return _answer_read(response, deadline=deadline)
+                except httpx.ConnectError as exc:  # the next address may answer (IPv6 or IPv4, one server down)
+                    last_error = exc
+                    logger.info("webhook: cannot connect to %s for %s: %s", address, host, exc)
+        raise last_error or httpx.ConnectError(f"{host}: no address to connect to")
+    except httpx.HTTPError as exc:
+        raise WebhookSendFailed(f"{type(exc).__name__}: {exc}") from exc

@@ -404,7 +404,8 @@ def clock(ctx, input):
 def process_state(ctx, input):
     """What the pool process running a job was set up with (taskplatform/celery.py, heap.py): the
     garbage collector, the switch interval, the task signals' receivers, and the PostgreSQL
-    backend of the connection the job ran on (None elsewhere) and how many tasks it served before."""
+    backend of the connection the job ran on (None elsewhere) and how many tasks it served before,
+    and which of the modules its main process loads for the pool are loaded."""
     import gc
     import os
     import sys
@@ -413,7 +414,7 @@ def process_state(ctx, input):
     from celery import signals
     from django.db import connection
 
-    from taskplatform.celery import _task_connections
+    from taskplatform.celery import POOL_PRELOADED, _task_connections
 
     def receivers(signal) -> list[str]:
         live = (r() if isinstance(r, weakref.ReferenceType) else r for _, r in signal.receivers)
@@ -423,4 +424,5 @@ def process_state(ctx, input):
     backend = connection.connection.info.backend_pid if connection.vendor == "postgresql" else None
     return {"frozen": gc.get_freeze_count(), "collecting": gc.isenabled(), "switch_interval": sys.getswitchinterval(),
             "task_prerun": receivers(signals.task_prerun), "task_postrun": receivers(signals.task_postrun),
-            "backend_pid": backend, "pid": os.getpid(), "tasks_on_connection": _task_connections.tasks}
+            "backend_pid": backend, "pid": os.getpid(), "tasks_on_connection": _task_connections.tasks,
+            "preloaded": sorted(name for name in POOL_PRELOADED if name in sys.modules)}

@@ -21,7 +21,19 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from django.db.models import CharField, DateTimeField, JSONField, TextField, UUIDField
+from django.db.models import (
+    BigIntegerField,
+    CharField,
+    DateTimeField,
+    IntegerField,
+    JSONField,
+    PositiveBigIntegerField,
+    PositiveIntegerField,
+    PositiveSmallIntegerField,
+    SmallIntegerField,
+    TextField,
+    UUIDField,
+)
 
 Preparer = Callable[[Any, Any], Any]
 
@@ -38,6 +50,8 @@ def save_preparer(field: Any, connection: Any) -> Preparer:
         # An aware time: `get_prep_value` neither converts nor warns, and the backend sends it as is.
         return lambda value, connection: (value if type(value) is datetime.datetime and value.tzinfo is not None
                                           else slow(value, connection))
+    if kind in INTEGER_FIELDS:
+        return _integer_preparer(field, connection, slow)
     if kind is JSONField:
         encoder = field.encoder
         return lambda value, connection: (connection.ops.adapt_json_value(value, encoder)
@@ -58,6 +72,33 @@ def lookup_preparer(field: Any, connection: Any) -> Preparer:
     if kind is UUIDField and connection.features.has_native_uuid_field:
         # A `UUID` is its own prepared value where the backend stores UUIDs natively (PostgreSQL).
         return lambda value, connection: value if type(value) is uuid.UUID else slow(value, connection)
+    if kind in INTEGER_FIELDS:
+        return _integer_preparer(field, connection, slow)
+    return slow
+
+
+# The integer fields whose `get_prep_value` gives an `int` back as it is and whose
+# `get_db_prep_value` adds only the backend's `adapt_integerfield_value` (not the auto fields:
+# theirs checks the value too).
+INTEGER_FIELDS = frozenset({IntegerField, SmallIntegerField, BigIntegerField, PositiveIntegerField,
+                            PositiveSmallIntegerField, PositiveBigIntegerField})
+
+
+def _integer_preparer(field: Any, connection: Any, slow: Preparer) -> Preparer:
+    """An `int` (not a `bool`, not an expression) as the backend adapts it: on PostgreSQL with
+    psycopg 3, wrapped in the type that names its column's size (`Int4`, ...); as it is where the
+    backend adapts nothing. Anything else, or a backend that adapts otherwise, the field's way."""
+    from django.db.backends.base.operations import BaseDatabaseOperations
+
+    adapt = type(connection.ops).adapt_integerfield_value
+    if adapt is BaseDatabaseOperations.adapt_integerfield_value:
+        return lambda value, connection: value if type(value) is int else slow(value, connection)
+    if connection.vendor == "postgresql":
+        from django.db.backends.postgresql.operations import DatabaseOperations
+
+        if adapt is DatabaseOperations.adapt_integerfield_value and hasattr(connection.ops, "integerfield_type_map"):
+            wrap = connection.ops.integerfield_type_map[field.get_internal_type()]
+            return lambda value, connection: wrap(value) if type(value) is int else slow(value, connection)
     return slow
 
 

@@ -197,9 +197,24 @@ _heartbeat_lock = threading.Lock()
 
 
 def heartbeat() -> Heartbeat:
-    """This process's heartbeat, started on first use (after a fork: the child's own)."""
+    """This process's heartbeat, started on first use (after a fork: the child's own). Asked for
+    at every job's run: without a lock or a `getpid` once it runs."""
     global _heartbeat
+    beat = _heartbeat
+    if beat is not None:
+        return beat
     with _heartbeat_lock:
-        if _heartbeat is None or _heartbeat.pid != os.getpid():
+        if _heartbeat is None:
             _heartbeat = Heartbeat()
         return _heartbeat
+
+
+def _forget_the_parents_heartbeat() -> None:
+    """In a child just forked: its parent's heartbeat thread did not come with it, and the lock
+    may have been held by a thread that did not either."""
+    global _heartbeat, _heartbeat_lock
+    _heartbeat = None
+    _heartbeat_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_heartbeat)

@@ -8,7 +8,19 @@ from datetime import UTC, timedelta, timezone
 
 import pytest
 from django.db import connection
-from django.db.models import CharField, DateTimeField, F, IntegerField, JSONField, TextField, UUIDField, Value
+from django.db.models import (
+    BigIntegerField,
+    CharField,
+    DateTimeField,
+    F,
+    IntegerField,
+    JSONField,
+    PositiveIntegerField,
+    SmallIntegerField,
+    TextField,
+    UUIDField,
+    Value,
+)
 from django.utils.functional import lazy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,12 +33,14 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
 values = st.one_of(
     st.text(max_size=8),
     st.integers(),
+    st.booleans(),
     st.none(),
     st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=3)), None])),
     json_values,
     st.sampled_from([F("status"), Value("x"), Value(None, JSONField()), lazy(lambda: "lazy", str)()]),
 )
-FIELDS = [CharField(max_length=20), TextField(), DateTimeField(), JSONField(), IntegerField()]
+FIELDS = [CharField(max_length=20), TextField(), DateTimeField(), JSONField(), IntegerField(), PositiveIntegerField(),
+          SmallIntegerField(), BigIntegerField()]
 
 
 class _Str(str):
@@ -72,10 +86,11 @@ def test_the_check_catches_a_preparer_that_differs():
     assert prepared_checked(field, save_preparer(field, connection), "abc", connection) == "abc"
 
 
-LOOKUP_FIELDS = [UUIDField(), CharField(max_length=20), TextField(), IntegerField()]
+LOOKUP_FIELDS = [UUIDField(), CharField(max_length=20), TextField(), IntegerField(), PositiveIntegerField(),
+                 BigIntegerField()]
 lookup_values = st.one_of(
     st.uuids(), st.uuids().map(str), st.uuids().map(lambda value: value.hex), st.text(max_size=8), st.integers(),
-    st.none(), st.builds(_Str, st.text(max_size=4)), st.just(lazy(lambda: "lazy", str)()),
+    st.booleans(), st.none(), st.builds(_Str, st.text(max_size=4)), st.just(lazy(lambda: "lazy", str)()),
 )
 
 

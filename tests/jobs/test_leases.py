@@ -241,3 +241,29 @@ def test_a_reconciler_pass_during_a_database_outage_is_skipped_with_a_warning(ca
     with mock.patch("jobs.tasks.jobs_redispatch_stale", side_effect=OperationalError("connection refused")):
         assert jobs_reconcile() == {}
     assert "reconciler pass skipped" in caplog.text
+
+
+def test_a_forked_child_starts_a_heartbeat_of_its_own():
+    """A pool process is forked from the worker's main process: the parent's heartbeat (its
+    thread did not come along) is not the child's, which starts its own at its first job."""
+    import os
+
+    from jobs.leases import heartbeat
+
+    parent = heartbeat()
+    assert heartbeat() is parent and parent.pid == os.getpid()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave at once, whatever happens
+        try:
+            child = heartbeat()
+            ok = child is not parent and child.pid == os.getpid() and heartbeat() is child
+            os.write(write, b"ok" if ok else b"no")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 2)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert answer == b"ok"
+    assert heartbeat() is parent

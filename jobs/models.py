@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from django.db.models.lookups import In
 from django.db.models.sql import UpdateQuery
 
-from dbkit.instances import instance_from_row
+from dbkit.instances import DecodedWhenReadModel, JSONDecodedWhenRead, instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_fetch
 from jobs.followed import EVERYONE, followed_returning
@@ -113,28 +113,40 @@ def _returning_statement(update_sql: str, insert_sql: str | None, columns: str) 
 def job_from_row(row: Any, *, using: str, connection: Any, reading: tuple | None = None) -> Job:
     """The `Job` a row read back by `job_update_returning` holds (every concrete field first, in
     their order): what a queryset does to a fetched row, without the cost of a RawQuerySet (this is
-    the hot path of every status change), the backend's and the fields' converters applied.
-    `reading`: `_job_row_reading(connection)`, when the caller has it already."""
+    the hot path of every status change), the backend's and the fields' converters applied; a JSON
+    column's value (the input, the checkpoint, the result, ...) decoded at its first read
+    (`dbkit.instances.JSONDecodedWhenRead`). `reading`: `_job_row_reading(connection)`, when the
+    caller has it already."""
     _, attnames, converting, _ = reading or _job_row_reading(connection)
     values = list(row[:len(attnames)])
-    for index, field, converters in converting:  # `converted`, without a call for each column
+    undecoded = None
+    for index, field, converters, decode in converting:  # `converted`, without a call for each column
         value = values[index]
+        if decode is not None and value is not None:
+            if undecoded is None:
+                undecoded = {}
+            undecoded[field.attname] = (value, decode)
+            continue
         for converter in converters:
             value = converter(value, field, connection)
         values[index] = value
-    return instance_from_row(Job, using, attnames, values)
+    return instance_from_row(Job, using, attnames, values, undecoded)
 
 
 def _job_row_reading(connection) -> tuple[str, list[str], tuple, bool]:
     """What reading back a whole job row on `connection` takes, worked out once per connection:
-    the RETURNING list, the attribute names in its order, (index, field, converters) for each
-    column that has converters (most have none), and whether the list ends with the two
+    the RETURNING list, the attribute names in its order, (index, field, converters, decoder) for
+    each column that has converters (most have none; the decoder, of a value decoded at its first
+    read: `JSONDecodedWhenRead`'s), and whether the list ends with the two
     "followed" flags (`jobs.followed`: on PostgreSQL)."""
     def build() -> tuple[str, list[str], tuple, bool]:
         concrete = Job._meta.concrete_fields
         columns = ", ".join(connection.ops.quote_name(field.column) for field in concrete)
-        converting = tuple((index, field, tuple(converters)) for index, field in enumerate(concrete)
-                           if (converters := column_converters(connection, field)))
+        converting = tuple(
+            (index, field, tuple(converters),
+             functools.partial(converted, field=field, converters=converters, connection=connection)
+             if isinstance(field, JSONDecodedWhenRead) else None)
+            for index, field in enumerate(concrete) if (converters := column_converters(connection, field)))
         followed = connection.vendor == "postgresql"
         if followed:
             columns += followed_returning(connection)
@@ -162,7 +174,7 @@ def column_converters(connection, field) -> list:
         return found
 
 
-class Job(models.Model):
+class Job(DecodedWhenReadModel):
     class Status(models.TextChoices):
         PENDING = "pending"
         PROCESSING = "processing"
@@ -196,10 +208,10 @@ class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     kind = models.CharField(max_length=100)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    input = models.JSONField(default=dict, blank=True)
-    result = models.JSONField(null=True, blank=True)
+    input = JSONDecodedWhenRead(default=dict, blank=True)
+    result = JSONDecodedWhenRead(null=True, blank=True)
     # {"code": "...", "message": "..."} of the last failure; kept while a retry runs.
-    error = models.JSONField(null=True, blank=True)
+    error = JSONDecodedWhenRead(null=True, blank=True)
     progress_fraction = models.FloatField(default=0.0)
     progress_text = models.CharField(max_length=500, blank=True, default="")
     attempts = models.PositiveIntegerField(default=0, help_text="Runs started so far.")
@@ -209,7 +221,7 @@ class Job(models.Model):
     # JOBS_HAND_BACK_BUDGET, past which a hand-back counts as a failed attempt.
     hand_backs = models.PositiveIntegerField(default=0)
     # {step name: its JSON result} for every finished `ctx.step`.
-    checkpoint = models.JSONField(default=dict, blank=True)
+    checkpoint = JSONDecodedWhenRead(default=dict, blank=True)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
     )
@@ -246,7 +258,7 @@ class Job(models.Model):
     # While the job is `waiting` in `ctx.gather`: {"ids": [child ids], "policy": "fail_fast" | "collect"}.
     # A child that ends reads it (under this row's lock) to wake the job exactly once; any move
     # back to `pending` clears it.
-    gathering = models.JSONField(null=True, blank=True)
+    gathering = JSONDecodedWhenRead(null=True, blank=True)
     # The writing host's clock: for people and ordering (a batch's jobs, created in one INSERT,
     # keep their order: one database time would tie them all).
     created_at = models.DateTimeField(auto_now_add=True)

@@ -86,3 +86,107 @@ def test_a_batchs_first_events_are_made_without_model_init_and_saved_whole(monke
     stored = JobEvent.objects.filter(job__in=jobs).order_by("job_id")
     assert [(e.seq, e.type, e.step, e.status, e.message) for e in stored] == [(1, "status", "", "pending", {})] * 3
     assert {e.job_id for e in stored} == {job.pk for job in jobs}
+
+
+# -- JSON decoded when read --------------------------------------------------------------------
+BIG = {"rows": [{"id": index, "name": f"item {index}"} for index in range(2000)]}
+
+
+def _moved_job(input):
+    """A job claimed, with `input` stored, and the `Job` its claim read back."""
+    from unittest import mock
+
+    from jobs.services import job_claim, job_submit
+
+    with mock.patch("jobs.services.transitions.job_dispatch"):
+        job, _ = job_submit(kind="demo.noop", input={})
+    Job.objects.filter(pk=job.pk).update(input=input, checkpoint={"a": 1})
+    return job_claim(job_id=job.pk, worker="w", task_id="t")
+
+
+@pytest.mark.django_db
+def test_a_moves_row_keeps_its_json_undecoded_until_read_and_then_is_the_querysets(django_assert_num_queries):
+    claimed = _moved_job(BIG)
+    assert {"input", "checkpoint"} <= set(claimed.__dict__["_undecoded"])
+    assert "input" not in claimed.__dict__ and "checkpoint" not in claimed.__dict__
+    with django_assert_num_queries(0):  # decoded from the row, not loaded again
+        assert claimed.input == BIG and claimed.checkpoint == {"a": 1}
+    assert claimed.input is claimed.input  # decoded once
+    assert "input" not in claimed.__dict__["_undecoded"]
+    stored = Job.objects.get(pk=claimed.pk)
+    assert {field.attname: getattr(claimed, field.attname) for field in Job._meta.concrete_fields} == \
+        {field.attname: getattr(stored, field.attname) for field in Job._meta.concrete_fields}
+    assert claimed.result is None  # a NULL column needs no decoding: it was converted at once
+
+
+@pytest.mark.django_db
+def test_an_event_of_a_job_with_a_big_input_decodes_none_of_it():
+    """A progress report, a log line, a step: each move reads the job's row back, its input
+    whole. With an input of 860 kB that decoding made each event cost 15-20 ms of the worker's
+    CPU (bench/README.md, "Big inputs")."""
+    import json
+    from unittest import mock
+
+    from jobs.events import event_append
+
+    claimed = _moved_job(BIG)
+    with mock.patch("django.db.models.fields.json.json.loads", wraps=json.loads) as loads:
+        for index in range(3):
+            event_append(job_id=claimed.pk, type="log", message={"text": f"line {index}"},
+                         run_attempt=claimed.attempts)
+    assert [call for call in loads.call_args_list if len(call.args[0]) > 1000] == []
+
+
+@pytest.mark.django_db
+def test_a_refresh_reads_the_database_not_the_rows_undecoded_values():
+    claimed = _moved_job({"v": 1})
+    Job.objects.filter(pk=claimed.pk).update(input={"v": 2}, checkpoint={"b": 2})
+    claimed.refresh_from_db(fields=["input"])
+    assert claimed.input == {"v": 2}
+    assert claimed.checkpoint == {"a": 1}  # not refreshed: the row's, as any field not named
+    claimed = _moved_job({"v": 1})
+    Job.objects.filter(pk=claimed.pk).update(input={"v": 3}, checkpoint={"c": 3})
+    claimed.refresh_from_db()
+    assert "_undecoded" not in claimed.__dict__
+    assert (claimed.input, claimed.checkpoint) == ({"v": 3}, {"c": 3})
+    assert claimed.get_deferred_fields() == set()
+
+
+@pytest.mark.django_db
+def test_a_copy_and_its_original_each_decode_their_own():
+    import copy
+
+    claimed = _moved_job({"v": 1})
+    twin = copy.copy(claimed)
+    assert claimed.input == {"v": 1}
+    assert twin.input == {"v": 1} and twin.checkpoint == {"a": 1} and claimed.checkpoint == {"a": 1}
+
+
+@pytest.mark.django_db
+def test_init_receivers_see_decoded_values():
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance.__dict__.get("input"))
+
+    post_init.connect(receiver, sender=Job)
+    try:
+        claimed = _moved_job({"v": 1})
+    finally:
+        post_init.disconnect(receiver, sender=Job)
+    assert seen[-1] == {"v": 1} and claimed.input == {"v": 1}
+
+
+@pytest.mark.django_db
+def test_a_moved_job_saved_again_keeps_its_undecoded_values():
+    claimed = _moved_job({"v": 1})
+    claimed.progress_text = "saved"
+    claimed.save()
+    stored = Job.objects.get(pk=claimed.pk)
+    assert (stored.progress_text, stored.input, stored.checkpoint) == ("saved", {"v": 1}, {"a": 1})
+
+
+def test_the_fields_migrations_name_djangos_json_field():
+    from dbkit.instances import JSONDecodedWhenRead
+
+    assert JSONDecodedWhenRead(null=True).deconstruct()[1] == "django.db.models.JSONField"

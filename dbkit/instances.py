@@ -2,11 +2,12 @@
 
 `Model.from_db` builds each instance through `Model.__init__`, which sets every field through
 its descriptor, one `setattr` at a time, and sends `pre_init` and `post_init`. For a row that
-holds every concrete field, in the model's order, the result is the same instance as filling
-its `__dict__` at once: a field's descriptor keeps the value under the field's `attname` in
-`__dict__` (a foreign key's `__set__` also clears a cached related object, which a new instance
-does not have). On the platform's hot path (the job's row every move returns, and its event's)
-that saved about 2 % of a no-op job's instructions (bench/README.md, "A job's moves").
+holds the concrete fields in the model's order (all of them, or some: the others are deferred),
+the result is the same instance as filling its `__dict__` at once: a field's descriptor keeps
+the value under the field's `attname` in `__dict__` (a foreign key's `__set__` also clears a
+cached related object, which a new instance does not have). On the platform's hot path (the
+job's row every move returns, and its event's) that saved about 2 % of a no-op job's instructions
+(bench/README.md, "A job's moves").
 
 When a receiver listens to `pre_init` or `post_init` for the model, `from_db` is used as before:
 such a receiver expects to run.
@@ -37,15 +38,15 @@ UNDECODED = "_undecoded"
 
 def instance_from_row(model: type[Model], using: str, attnames: list[str], values: list,
                       undecoded: dict[str, tuple[Any, Callable[[Any], Any]]] | None = None) -> Model:
-    """What `model.from_db(using, attnames, values)` returns, where `attnames` are all the
-    model's concrete fields' attribute names, in `_meta.concrete_fields` order.
+    """What `model.from_db(using, attnames, values)` returns, where `attnames` are the model's
+    concrete fields' attribute names, in `_meta.concrete_fields` order: all of them, or some
+    (a field left out is deferred, as `from_db` leaves it: loaded from the database when read).
 
     `undecoded`: {attname: (the column's value, its decoder)} of fields made with
     `JSONDecodedWhenRead`, decoded at their first read (their places in `values` are not read)."""
     # No receiver at all (the usual case) is what `Signal.send` itself checks first.
-    if (len(values) != len(model._meta.concrete_fields)
-            or ((pre_init.receivers or post_init.receivers)
-                and (pre_init.has_listeners(model) or post_init.has_listeners(model)))):
+    if ((pre_init.receivers or post_init.receivers)
+            and (pre_init.has_listeners(model) or post_init.has_listeners(model))):
         if undecoded:  # `Model.__init__`'s receivers see the values themselves
             values = [undecoded[name][1](undecoded[name][0]) if name in undecoded else value
                       for name, value in zip(attnames, values, strict=True)]

@@ -277,7 +277,7 @@ def _event_insert(event: JobEvent) -> None:
 
 def job_update_with_event(
     *, rows: MoveRows, fields: dict[str, Any], type: str, step: str = "", status: str = "",
-    message: dict | None = None,
+    message: dict | None = None, with_json: bool = True,
 ) -> tuple[Job, JobEvent] | None:
     """Update the one job `rows` selects and append its event, numbered by the updated
     `event_seq`; publish the event once the transaction commits. Returns both rows, or None
@@ -286,7 +286,8 @@ def job_update_with_event(
     Precondition: the caller holds a transaction, and `fields` bumps `event_seq`. On
     PostgreSQL the update and the insert are one statement (a data-modifying CTE): this is the
     path every status change and every progress report takes. The UPDATE is the one kept for its
-    shape (`jobs.statements.move_statement`).
+    shape (`jobs.statements.move_statement`). `with_json=False`: the job is read back without its
+    JSON columns (`jobs.models.job_update_returning`), for a caller that reads none of them.
     """
     now = timezone.now()  # host clock: shown to people, never compared across hosts
     using = Job.objects.db
@@ -302,7 +303,8 @@ def job_update_with_event(
                       for index, field, prepare in parameters]
         else:
             params = [prepare(values[index], connection) for index, _, prepare in parameters]
-        job = job_update_returning(statement, then_insert=(sql, params), using=using, connection=connection)
+        job = job_update_returning(statement, then_insert=(sql, params), using=using, connection=connection,
+                                   with_json=with_json)
         if job is None:
             return None
         # The event's row is in the job's database: the statement wrote both.
@@ -364,7 +366,10 @@ def event_append(
         else:
             rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt)
         values = {"event_seq": NEXT_EVENT_SEQ, "updated_at": db_now(), **(fields or {})}
-        written = job_update_with_event(rows=rows, fields=values, type=type, step=step, status=status, message=message)
+        # Its caller reads the event, not the job: the job's input and checkpoint (however big)
+        # are not sent back at each progress report, log line or step event.
+        written = job_update_with_event(rows=rows, fields=values, type=type, step=step, status=status, message=message,
+                                        with_json=False)
         if written is None:
             if run_attempt is not None:
                 raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}")
@@ -410,7 +415,8 @@ def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
         rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt,
                         without_checkpoint_key=step)
         fields = {"event_seq": NEXT_EVENT_SEQ, "updated_at": db_now()}
-        if job_update_with_event(rows=rows, fields=fields, type="step", step=step, status="started") is not None:
+        if job_update_with_event(rows=rows, fields=fields, type="step", step=step, status="started",
+                                 with_json=False) is not None:
             return STEP_NOT_DONE
         current = Job.objects.filter(pk=job_id).values("status", "attempts", "checkpoint").first()
     if current is None:

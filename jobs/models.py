@@ -70,14 +70,17 @@ class JobQuerySet(models.QuerySet):
 
 
 def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str, list] | None = None,
-                         using: str, connection: Any = None) -> Job | None:
+                         using: str, connection: Any = None, with_json: bool = True) -> Job | None:
     """`JobQuerySet.update_returning` of a statement already built, without a queryset (the
     path of every move: `jobs.events.job_update_with_event`). `connection`: `using`'s, when the
-    caller has it already."""
+    caller has it already. `with_json=False` reads back every column but the JSON ones (the input,
+    the checkpoint, ...), which the `Job` then loads from the database if they are read, as a
+    deferred field: for a move whose caller reads none of them (a progress report, a log line),
+    so that the database does not send them back at each one."""
     if connection is None:
         connection = connections[using]
     update_sql, params = statement
-    reading = _job_row_reading(connection)
+    reading = _job_row_reading(connection, with_json=with_json)
     columns, attnames, _, followed = reading
     insert_sql = None
     if then_insert is not None:
@@ -111,12 +114,12 @@ def _returning_statement(update_sql: str, insert_sql: str | None, columns: str) 
 
 
 def job_from_row(row: Any, *, using: str, connection: Any, reading: tuple | None = None) -> Job:
-    """The `Job` a row read back by `job_update_returning` holds (every concrete field first, in
-    their order): what a queryset does to a fetched row, without the cost of a RawQuerySet (this is
-    the hot path of every status change), the backend's and the fields' converters applied; a JSON
-    column's value (the input, the checkpoint, the result, ...) decoded at its first read
-    (`dbkit.instances.JSONDecodedWhenRead`). `reading`: `_job_row_reading(connection)`, when the
-    caller has it already."""
+    """The `Job` a row read back by `job_update_returning` holds (the fields of `reading` first, in
+    their order; one left out is deferred): what a queryset does to a fetched row, without the
+    cost of a RawQuerySet (this is the hot path of every status change), the backend's and the
+    fields' converters applied; a JSON column's value (the input, the checkpoint, the result, ...)
+    decoded at its first read (`dbkit.instances.JSONDecodedWhenRead`). `reading`:
+    `_job_row_reading(connection)`, when the caller has it already."""
     _, attnames, converting, _ = reading or _job_row_reading(connection)
     values = list(row[:len(attnames)])
     undecoded = None
@@ -133,14 +136,16 @@ def job_from_row(row: Any, *, using: str, connection: Any, reading: tuple | None
     return instance_from_row(Job, using, attnames, values, undecoded)
 
 
-def _job_row_reading(connection) -> tuple[str, list[str], tuple, bool]:
-    """What reading back a whole job row on `connection` takes, worked out once per connection:
-    the RETURNING list, the attribute names in its order, (index, field, converters, decoder) for
-    each column that has converters (most have none; the decoder, of a value decoded at its first
-    read: `JSONDecodedWhenRead`'s), and whether the list ends with the two
-    "followed" flags (`jobs.followed`: on PostgreSQL)."""
+def _job_row_reading(connection, *, with_json: bool = True) -> tuple[str, list[str], tuple, bool]:
+    """What reading back a job row on `connection` takes, worked out once per connection: the
+    RETURNING list (every concrete field, or with `with_json=False` all but the JSON ones), the
+    attribute names in its order, (index, field, converters, decoder) for each column that has
+    converters (most have none; the decoder, of a value decoded at its first read:
+    `JSONDecodedWhenRead`'s), and whether the list ends with the two "followed" flags
+    (`jobs.followed`: on PostgreSQL)."""
     def build() -> tuple[str, list[str], tuple, bool]:
-        concrete = Job._meta.concrete_fields
+        concrete = [field for field in Job._meta.concrete_fields
+                    if with_json or not isinstance(field, JSONDecodedWhenRead)]
         columns = ", ".join(connection.ops.quote_name(field.column) for field in concrete)
         converting = tuple(
             (index, field, tuple(converters),
@@ -152,7 +157,8 @@ def _job_row_reading(connection) -> tuple[str, list[str], tuple, bool]:
             columns += followed_returning(connection)
         return columns, [field.attname for field in concrete], converting, followed
 
-    return once_per_connection(connection, "_taskplatform_job_row_reading", build)
+    key = "_taskplatform_job_row_reading" if with_json else "_taskplatform_job_row_reading_without_json"
+    return once_per_connection(connection, key, build)
 
 
 def converted(value: Any, field, converters, connection) -> Any:

@@ -190,3 +190,48 @@ def test_the_fields_migrations_name_djangos_json_field():
     from dbkit.instances import JSONDecodedWhenRead
 
     assert JSONDecodedWhenRead(null=True).deconstruct()[1] == "django.db.models.JSONField"
+
+
+@pytest.mark.django_db
+def test_an_events_move_does_not_read_the_jobs_json_back():
+    """A progress report, a log line, a step's start: their callers read the event, not the job,
+    so the database does not send the job's input and checkpoint back at each one; the job's JSON
+    fields are deferred (loaded if read) and the rest is there."""
+    from unittest import mock
+
+    from dbkit.prepared import prepared_fetch
+    from jobs.events import event_append, step_begin
+
+    if connection_vendor() != "postgresql":
+        pytest.skip("the move and its event are one statement on PostgreSQL")
+    claimed = _moved_job(BIG)
+    sent, jobs = [], []
+
+    def spy(conn, sql, params, **kwargs):
+        sent.append(sql)
+        return prepared_fetch(conn, sql, params, **kwargs)
+
+    real = __import__("jobs.models", fromlist=["job_from_row"]).job_from_row
+
+    def keep(*args, **kwargs):
+        jobs.append(real(*args, **kwargs))
+        return jobs[-1]
+
+    with mock.patch("jobs.models.prepared_fetch", spy), mock.patch("jobs.models.job_from_row", keep):
+        event = event_append(job_id=claimed.pk, type="progress", message={"fraction": 0.5, "text": ""},
+                             fields={"progress_fraction": 0.5}, run_attempt=claimed.attempts)
+        step_begin(job_id=claimed.pk, run_attempt=claimed.attempts, step="s")
+    assert len(sent) == 2 and event.seq == claimed.event_seq + 1
+    for sql in sent:
+        returning = sql.split("RETURNING", 1)[1]
+        assert '"input"' not in returning and '"checkpoint"' not in returning and '"event_seq"' in returning
+    job = jobs[0]
+    assert job.get_deferred_fields() == {"input", "result", "error", "checkpoint", "gathering"}
+    assert (job.progress_fraction, job.status) == (0.5, Job.Status.PROCESSING)
+    assert job.input == BIG  # a deferred field: loaded when read
+
+
+def connection_vendor() -> str:
+    from django.db import connection
+
+    return connection.vendor

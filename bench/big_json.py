@@ -98,7 +98,7 @@ def measure(*, events: int, input_kb: int, steps: int, step_kb: int) -> dict[str
         sides["empty input"].append(events_timed({}, events))
         sides[f"{input_kb} kB input"].append(events_timed(big, events))
     return {**run_header(), "events": events, "input_bytes": len(json.dumps(big)),
-            "events_per_input": {name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            "events_per_input": {name: {key: round(statistics.median(run[key] for run in runs), 3) for key in runs[0]}
                                  for name, runs in sides.items()},
             "step_kb": step_kb, "steps": steps_timed(steps, step_kb) if steps else []}
 

@@ -16,9 +16,9 @@ Decoded when read. A JSON column's value comes as text and is decoded by the fie
 into Python; a row that a move reads back holds the job's input, its checkpoint and its result
 whole, which the mover seldom reads (a progress report's row is not read at all). With an input
 of 860 kB, the decoding made each of a job's events cost 15-20 ms of the worker's CPU, against
-0.2 ms with an empty one (bench/README.md, "Big inputs"). A field made with `JSONDecodedWhenRead`
-keeps its column's text in the instance, decoded at the field's first read, once: the instance
-and its value are what they would be otherwise, only later.
+0.2 ms with an empty one (bench/README.md, "A process's start, and big JSON"). A field made with
+`JSONDecodedWhenRead` keeps its column's text in the instance, decoded at the field's first read,
+once: the instance and its value are what they would be otherwise, only later.
 """
 
 from __future__ import annotations

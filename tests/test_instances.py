@@ -123,7 +123,7 @@ def test_a_moves_row_keeps_its_json_undecoded_until_read_and_then_is_the_queryse
 def test_an_event_of_a_job_with_a_big_input_decodes_none_of_it():
     """A progress report, a log line, a step: each move reads the job's row back, its input
     whole. With an input of 860 kB that decoding made each event cost 15-20 ms of the worker's
-    CPU (bench/README.md, "Big inputs")."""
+    CPU (bench/README.md, "A process's start, and big JSON")."""
     import json
     from unittest import mock
 

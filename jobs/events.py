@@ -17,18 +17,18 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import F, Func, JSONField, Value
 from django.db.models.expressions import DatabaseDefault
-from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
+from dbkit.inserts import compiled_insert, kept_insert, returned_into
 from dbkit.instances import instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor, prepared_fetch
-from dbkit.values import comparable, prepared_checked, save_preparer, sql_literal
+from dbkit.values import prepared_checked, save_preparer, sql_literal
 from jobs.broadcast import event_publish, events_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
 from jobs.followed import feed_followed
-from jobs.models import Job, JobEvent, column_converters, converted, job_update_returning
+from jobs.models import Job, JobEvent, job_update_returning
 from jobs.statements import (
     NEXT_EVENT_SEQ,
     KeptExpression,
@@ -118,8 +118,13 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
     written = [field for field in meta.local_concrete_fields if not field.generated
                and not all(isinstance(getattr(job, field.attname), DatabaseDefault) for job in jobs)]
     returning = [meta.pk, *returned]  # the pk for the events' rows
-    kept = _one_job_insert(connection, jobs[0], written, returning) if len(jobs) == 1 else None
-    insert_sql, insert_params = kept or _compiled_insert(connection, jobs, written, returning)
+    # One job's INSERT (an API submit) is kept per connection for the columns written: only its
+    # values are worked out (`dbkit.inserts`); the compiler's pass took about a twentieth of the web
+    # process's CPU per `POST /api/jobs/` (bench/README.md, "The API's submit"). Under
+    # JOBS_CHECK_MOVE_STATEMENTS (the test settings) the compiler builds it too, and they must agree.
+    kept = (kept_insert(connection, jobs[0], written, returning, check=settings.JOBS_CHECK_MOVE_STATEMENTS)
+            if len(jobs) == 1 else None)
+    insert_sql, insert_params = kept or compiled_insert(connection, Job, jobs, written, returning)
     if kept is None:
         sql = _with_first_events(connection, insert_sql, returned)
     else:  # one job's whole statement, the same string each time: its cursor keeps its adapters
@@ -139,10 +144,7 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
         *values, event_id, feed = rows[job.pk]  # a uuid column, read as the UUID the job holds
         # Nobody can follow a job before it is committed: its first event goes to the feed alone.
         job._followed = (False, feed)
-        for field, value in zip(returned, values, strict=True):
-            setattr(job, field.attname, converted(value, field, column_converters(connection, field), connection))
-        job._state.adding = False
-        job._state.db = Job.objects.db
+        returned_into(job, returned, values, connection, Job.objects.db)
         event.job_id = job.pk
         _event_saved(event, event_id)
     transaction.on_commit(partial(events_publish, list(zip(jobs, events, strict=True))), robust=True)
@@ -161,44 +163,6 @@ def _with_first_events(connection, insert_sql: str, returned: list) -> str:
             f"SELECT j.{pk}, {', '.join(['%s'] * len(_FIRST_EVENT_TAIL))} FROM j RETURNING id, job_id) "
             f"SELECT j.{pk}, {''.join(f'j.{quote(field.column)}, ' for field in returned)}i.id, "
             f"{feed_followed(connection)} FROM j JOIN i ON i.job_id = j.{pk}")
-
-
-def _compiled_insert(connection, jobs: list[Job], written: list, returning: list,
-                     raw: bool = False) -> tuple[str, list]:
-    """The jobs' `INSERT … RETURNING`, as Django's compiler writes it (`raw`: the values as the
-    jobs hold them, their `pre_save` already done)."""
-    query = InsertQuery(Job)
-    query.insert_values(written, jobs, raw=raw)
-    compiler = query.get_compiler(connection=connection)
-    compiler.returning_fields = returning
-    (sql, params), = compiler.as_sql()
-    return sql, list(params)
-
-
-def _one_job_insert(connection, job: Job, written: list, returning: list) -> tuple[str, list] | None:
-    """One job's INSERT (an API submit), its text kept per connection for the columns written:
-    only its values are worked out, as the compiler does (each field's `pre_save`, then its
-    `get_db_prep_save`). The compiler's pass took about a twentieth of the web process's CPU per
-    `POST /api/jobs/` (bench/README.md, "The API's submit"). None when a value is an expression (its
-    SQL is the compiler's to write). Under JOBS_CHECK_MOVE_STATEMENTS (the test settings) the
-    compiler builds it each time as well, and the two must agree."""
-    values = [field.pre_save(job, True) for field in written]
-    if any(hasattr(value, "resolve_expression") for value in values):
-        return None
-    params = [field.get_db_prep_save(value, connection=connection)
-              for field, value in zip(written, values, strict=True)]
-    kept = once_per_connection(connection, "_taskplatform_one_job_insert", dict)
-    key = tuple(field.attname for field in written)
-    sql = kept.get(key)
-    checked = settings.JOBS_CHECK_MOVE_STATEMENTS
-    if sql is None or checked:
-        built_sql, built_params = _compiled_insert(connection, [job], written, returning, raw=True)
-        if checked and (built_sql != (sql or built_sql)
-                        or [comparable(p) for p in params] != [comparable(p) for p in built_params]):
-            raise AssertionError(f"a kept job INSERT differs from the compiler's:\n{sql}\n{params}\n"
-                                 f"{built_sql}\n{built_params}")
-        sql = kept[key] = built_sql
-    return sql, params
 
 
 _EVENT_COLUMNS = ["job_id", "seq", "type", "step", "status", "message", "created_at"]

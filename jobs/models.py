@@ -16,6 +16,7 @@ from django.db.models.functions import Now
 from django.db.models.lookups import In
 from django.db.models.sql import UpdateQuery
 
+from dbkit.inserts import column_converters, converted
 from dbkit.instances import DecodedWhenReadModel, JSONDecodedWhenRead, instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_fetch
@@ -159,25 +160,6 @@ def _job_row_reading(connection, *, with_json: bool = True) -> tuple[str, list[s
 
     key = "_taskplatform_job_row_reading" if with_json else "_taskplatform_job_row_reading_without_json"
     return once_per_connection(connection, key, build)
-
-
-def converted(value: Any, field, converters, connection) -> Any:
-    """`value` as read from `field`'s column, through its `converters` (`column_converters`)."""
-    for converter in converters:
-        value = converter(value, field, connection)
-    return value
-
-
-def column_converters(connection, field) -> list:
-    """The converters of `field`'s column on `connection`, worked out once per connection (they
-    are the backend's and the field's, fixed for both)."""
-    cache = once_per_connection(connection, "_taskplatform_converters", dict)
-    try:
-        return cache[field]
-    except KeyError:
-        col = field.get_col(field.model._meta.db_table)
-        found = cache[field] = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-        return found
 
 
 class Job(DecodedWhenReadModel):

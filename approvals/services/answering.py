@@ -4,7 +4,6 @@ admin bulk action, API, the job page) and, for deadlines, the system."""
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -28,7 +27,7 @@ from approvals.schemas import QuestionType
 from approvals.selectors import ANSWER_PERMISSION, assigned_to, kinds_allowing_self_approval, with_approvals
 from approvals.services.ledger import decision_record
 from dbkit.kept import KeptRead
-from jobs.clock import database_now, db_now
+from jobs.clock import db_now
 from jobs.conflicts import retry_on_conflict
 from jobs.events import event_append
 from jobs.services import job_lock, job_resume
@@ -190,9 +189,9 @@ def _decide(question: Question, *, user: Any, answer: Any, comment: str, channel
     the question's row lock."""
     if question.type != QuestionType.APPROVAL:
         question.approvals_in_round = 0  # only approval questions take votes (for the response)
-        decision = decision_record(kind=Decision.Kind.ANSWERED, **record)
+        decision = {"kind": Decision.Kind.ANSWERED, **record}
     elif not answer.get("approved"):
-        decision = decision_record(kind=Decision.Kind.REJECTED, **record)
+        decision = {"kind": Decision.Kind.REJECTED, **record}
     else:
         # The round's approvals so far and whether this user's is among them, read with the
         # question under the lock (`_locked`).
@@ -204,38 +203,39 @@ def _decide(question: Question, *, user: Any, answer: Any, comment: str, channel
             )
         approvals = so_far + 1
         question.approvals_in_round = approvals  # as `selectors.with_approvals` reads it, for the response
-        decision = decision_record(kind=Decision.Kind.APPROVED, detail={"approvals": approvals,
-                                                                         "required": question.required_approvals},
-                                   **record)
+        decision = {"kind": Decision.Kind.APPROVED, "detail": {"approvals": approvals,
+                                                                "required": question.required_approvals}, **record}
         if approvals < question.required_approvals:
+            decision_record(**decision)
             event_append(
                 job_id=question.job_id, type="question", step=question.key, status="voted",
                 message={"by": user.get_username(), "channel": channel, "approvals": approvals,
                          "required": question.required_approvals},
             )
             return
-    question_settle(question=question, answer=answer, user=user, comment=comment, channel=channel,
-                    at=decision.created_at)
+    question_settle(question=question, answer=answer, user=user, comment=comment, channel=channel, decision=decision)
 
 
 def question_settle(
-    *, question: Question, answer: Any, user: Any, comment: str, channel: str, event_status: str = "answered",
-    event_message: dict[str, Any] | None = None, at: Any = None,
-) -> None:
-    """Mark `question` answered with `answer` and resume its job: the one way a question is
-    decided, by a person or (with `user` None) by a deadline's default.
+    *, question: Question, answer: Any, user: Any, comment: str, channel: str, decision: dict[str, Any],
+    event_status: str = "answered", event_message: dict[str, Any] | None = None,
+) -> Decision:
+    """Mark `question` answered with `answer`, record the ledger row that decides it and resume
+    its job: the one way a question is decided, by a person or (with `user` None) by a
+    deadline's default. Returns the ledger row.
 
-    Precondition: the caller is in a transaction holding the question's row lock, and has
-    written the ledger row. `at`: that row's `created_at` (the database's clock, as returned by
-    its INSERT), the moment the question was answered; without it the database is asked.
+    `decision`: `decision_record`'s arguments for that row (its question, kind, actor, ...). The
+    question's answer and the row are one statement (`decision_record(settles=True)`), and the
+    question was answered at the row's `created_at` (the database's clock, which judges an
+    answer's age: valid_for).
+
+    Precondition: the caller is in a transaction holding the question's row lock.
     """
     question.status = Question.Status.ANSWERED
     question.answer = answer
     question.comment = comment or ""
     question.answered_by = user
-    # An answer's age is judged by the database's clock (valid_for).
-    question.answered_at = at if isinstance(at, datetime) else database_now()
-    question.save(update_fields=["status", "answer", "comment", "answered_by", "answered_at"])
+    recorded = decision_record(**decision, settles=True)
     by = user.get_username() if user is not None else "system"
     event_append(
         job_id=question.job_id,
@@ -245,3 +245,4 @@ def question_settle(
         message=event_message or {"by": by, "channel": channel, "answer": answer},
     )
     job_resume(job_id=question.job_id, reason={"answered": question.key})
+    return recorded

@@ -76,12 +76,12 @@ def question_expire(*, question_id: Any, now: datetime | None = None) -> str | N
             return action
         if action == "default":
             comment = "the deadline passed; answered with the default"
-            decision_record(question=question, kind=Decision.Kind.EXPIRED, channel=Decision.Channel.SYSTEM,
-                            answer=policy.get("answer"), comment=comment, detail={"on_timeout": "default"})
             question_settle(
                 question=question, answer=policy.get("answer"), user=None, comment=comment,
                 channel=Decision.Channel.SYSTEM, event_status="expired",
                 event_message={"on_timeout": "default", "answer": policy.get("answer"), "by": "system"},
+                decision={"question": question, "kind": Decision.Kind.EXPIRED, "channel": Decision.Channel.SYSTEM,
+                          "answer": policy.get("answer"), "comment": comment, "detail": {"on_timeout": "default"}},
             )
             return action
         _close_and_stop_job(question, action)

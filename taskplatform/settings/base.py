@@ -268,8 +268,8 @@ JOBS_TIME_LIMIT = env.int("JOBS_TIME_LIMIT", default=3600)
 # Check every move statement kept by `jobs.statements` against the ORM's (text and parameters):
 # the test settings turn it on, so the whole suite checks them; it costs what it saves.
 JOBS_CHECK_MOVE_STATEMENTS = env.bool("JOBS_CHECK_MOVE_STATEMENTS", default=False)
-# The same for the reads built once per connection (dbkit.kept): each is also built by the ORM and
-# compared. On in the test settings; costs what it saves.
+# The same for the reads and the INSERTs built once per connection (dbkit.kept, dbkit.inserts): each
+# is also built by the ORM and compared. On in the test settings; costs what it saves.
 KEPT_READS_CHECK = env.bool("KEPT_READS_CHECK", default=False)
 # A running job holds a lease of this many seconds that its worker renews (every third of it).
 # When a worker dies (kill -9, out of memory, a lost machine) its jobs go back to `pending`

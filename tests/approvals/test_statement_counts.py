@@ -8,7 +8,7 @@ transaction (`jobs.events.one_statement_write`): that saved four round trips per
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from jobs.models import Job
@@ -45,15 +45,58 @@ def test_an_answer_through_the_api_takes_no_savepoint_beyond_the_requests_own(mo
     # ...and read with the question under the lock, not in a statement of its own.
     assert any(sql.startswith('SELECT "approvals_question"') and sql.endswith("FOR UPDATE OF \"approvals_question\"")
                and "COUNT" in sql for sql in statements), statements
-    # 12 (the response counts no votes: the answer just did; it reads the assignees, users and
+    # The ledger row and the question's answer are one statement (approvals.services.ledger),
+    # its time the answer's.
+    assert sum(sql.startswith('WITH d AS (INSERT INTO "approvals_decision"') for sql in statements) == 1, statements
+    assert not any(sql.startswith(('INSERT INTO "approvals_decision"', 'UPDATE "approvals_question"'))
+                   for sql in statements), statements
+    # 11 (the response counts no votes: the answer just did; it reads the assignees, users and
     # groups, in one statement), and one more when the token's `last_used_at` is due for its
     # (throttled) update.
-    assert len(statements) <= 13, "\n".join(sql[:120] for sql in statements)
+    assert len(statements) <= 12, "\n".join(sql[:120] for sql in statements)
     assert response.json()["approvals"] == 1
     job.refresh_from_db()
     assert job.status == "pending"
     question.refresh_from_db()
     assert question.answered_at == question.decisions.get().created_at
+
+
+def test_an_answers_ledger_row_is_built_once_per_connection_and_checked_where_the_check_is_on(monkeypatch, settings):
+    """The ledger's INSERT is kept per connection (dbkit.inserts): the second answer's is not
+    built by the compiler; with the check on (the test settings) a kept text that is not the
+    compiler's is caught."""
+    from unittest import mock
+
+    from django.db.models.sql.compiler import SQLInsertCompiler
+
+    from approvals.models import Decision
+    from dbkit.inserts import KEPT
+
+    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
+    api = client_for(make_user("desk", reviewer=True))
+    first, second, third = (paused_on({})[1] for _ in range(3))
+    api.post(f"/api/questions/{first.pk}/answer/", {"answer": {"approved": True}}, format="json")
+    settings.KEPT_READS_CHECK = settings.JOBS_CHECK_MOVE_STATEMENTS = False
+    with mock.patch.object(SQLInsertCompiler, "as_sql", side_effect=AssertionError("built again")):
+        response = api.post(f"/api/questions/{second.pk}/answer/", {"answer": {"approved": False}, "comment": "no"},
+                            format="json")
+    assert response.status_code == 200, response.content
+    second.refresh_from_db()
+    decision = Decision.objects.get(question=second)
+    assert (decision.kind, decision.answer, decision.comment, decision.actor_name, decision.channel) == (
+        "rejected", {"approved": False}, "no", "desk", "api")
+    assert (second.status, second.answer, second.comment, second.answered_by.username) == (
+        "answered", {"approved": False}, "no", "desk")
+    assert second.answered_at == decision.created_at
+
+    settings.KEPT_READS_CHECK = True
+    wrapper = connections["default"]
+    kept = wrapper.__dict__[KEPT]
+    for key in [key for key in kept if key[0] is Decision]:
+        kept[key] = kept[key].replace('"kind"', '"kind" ', 1)
+    with pytest.raises(AssertionError, match="differs from the compiler's"):
+        api.post(f"/api/questions/{third.pk}/answer/", {"answer": {"approved": True}}, format="json")
+    wrapper.__dict__.pop(KEPT)
 
 
 def test_a_submit_through_the_api_is_one_statement_after_the_token(monkeypatch):

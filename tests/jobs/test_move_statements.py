@@ -259,12 +259,14 @@ def test_one_jobs_insert_is_kept_and_still_checked_against_the_compiler(monkeypa
     # A kept text that is not the compiler's is caught where the check is on (the test settings).
     settings.JOBS_CHECK_MOVE_STATEMENTS = True
     wrapper = connections["default"]
-    kept = wrapper.__dict__["_taskplatform_one_job_insert"]
+    from dbkit.inserts import KEPT
+
+    kept = wrapper.__dict__[KEPT]
     for key in kept:
         kept[key] = kept[key].replace('"kind"', '"kind" ', 1)
     with pytest.raises(AssertionError, match="differs from the compiler's"):
         job_submit(kind="demo.noop", input={})
-    wrapper.__dict__.pop("_taskplatform_one_job_insert")
+    wrapper.__dict__.pop(KEPT)
 
 
 def test_a_value_of_a_plain_type_is_a_parameter_and_a_subclass_is_looked_at():

@@ -198,24 +198,32 @@ def _event_constants(values: list) -> tuple:
     return type_, step, written_constant(status, "status", Job), message, None
 
 
-def _move_event_insert(connection, values: list) -> tuple[str, list]:
+def _move_event_insert(connection, values: list, before: list | None = None) -> tuple[str, list]:
     """The `INSERT … SELECT … FROM j` of a move's event (`job_update_with_event`) with `values`'
     constants written in (`_event_constants`), and (index in `values`, field, preparer) of each
-    of its parameters, in order (`dbkit.values`): built once per connection and constants."""
+    of its parameters, in order (`dbkit.values`): built once per connection and constants. With
+    `before` (another event's values), that event first, numbered one before the move's: the
+    indexes are then in `[*before, *values]`."""
     built = once_per_connection(connection, "_taskplatform_move_event_inserts", dict)
-    constants = _event_constants(values)
+    events = [values] if before is None else [before, values]
+    constants = tuple(_event_constants(event) for event in events)
     found = built.get(constants)
     if found is None:
         fields = [JobEvent._meta.get_field(name) for name in _MOVE_EVENT_COLUMNS]
-        written, parameters = [], []
-        for index, (field, constant) in enumerate(zip(fields, constants, strict=True)):
-            prepare = save_preparer(field, connection)
-            if constant is None:
-                written.append("%s")
-                parameters.append((index, field, prepare))
-            else:
-                written.append(sql_literal(prepare(values[index], connection), connection))
-        sql = f"{_event_insert_prefix(connection)} SELECT j.id, j.event_seq, {', '.join(written)} FROM j"
+        selects, parameters = [], []
+        for number, (event, event_constants) in enumerate(zip(events, constants, strict=True)):
+            written = []
+            for index, (field, constant) in enumerate(zip(fields, event_constants, strict=True)):
+                prepare = save_preparer(field, connection)
+                if constant is None:
+                    written.append("%s")
+                    parameters.append((number * len(fields) + index, field, prepare))
+                else:
+                    written.append(sql_literal(prepare(event[index], connection), connection))
+            earlier = len(events) - 1 - number  # how many of the move's events come after this one
+            seq = f"j.event_seq - {earlier}" if earlier else "j.event_seq"
+            selects.append(f"SELECT j.id, {seq}, {', '.join(written)} FROM j")
+        sql = f"{_event_insert_prefix(connection)} {' UNION ALL '.join(selects)}"
         found = built[constants] = (sql, parameters)
     return found
 
@@ -239,51 +247,73 @@ def _event_insert(event: JobEvent) -> None:
         _event_saved(event, cursor.fetchone()[0])
 
 
+# An event a move writes before its own, in the same statement: (type, step, status, message).
+EarlierEvent = tuple[str, str, str, dict | None]
+
+
 def job_update_with_event(
     *, rows: MoveRows, fields: dict[str, Any], type: str, step: str = "", status: str = "",
-    message: dict | None = None, with_json: bool = True,
+    message: dict | None = None, with_json: bool = True, before: EarlierEvent | None = None,
 ) -> tuple[Job, JobEvent] | None:
     """Update the one job `rows` selects and append its event, numbered by the updated
     `event_seq`; publish the event once the transaction commits. Returns both rows, or None
     when no job matched.
 
-    Precondition: the caller holds a transaction, and `fields` bumps `event_seq`. On
-    PostgreSQL the update and the insert are one statement (a data-modifying CTE): this is the
-    path every status change and every progress report takes. The UPDATE is the one kept for its
-    shape (`jobs.statements.move_statement`). `with_json=False`: the job is read back without its
-    JSON columns (`jobs.models.job_update_returning`), for a caller that reads none of them.
+    Precondition: the caller holds a transaction, and `fields` bumps `event_seq` (by two with
+    `before`). On PostgreSQL the update and the insert are one statement (a data-modifying CTE):
+    this is the path every status change and every progress report takes. The UPDATE is the one
+    kept for its shape (`jobs.statements.move_statement`). `with_json=False`: the job is read back
+    without its JSON columns (`jobs.models.job_update_returning`), for a caller that reads none of
+    them. `before`: an event that comes first, numbered one before the move's own (what made the
+    move: a question answered, a wait woken), written and published with it, or not at all.
     """
     now = timezone.now()  # host clock: shown to people, never compared across hosts
     using = Job.objects.db
     connection = connections[using]
     statement = move_statement(rows, fields, connection)
+    values = [type, step, status, message or {}, now]
+    earlier_values = None if before is None else [*before[:3], before[3] or {}, now]
     if connection.vendor == "postgresql":
         # The event's row is made from what the statement wrote, as `from_db` would (no
         # `Model.__init__` per move: `dbkit.instances`).
-        values = [type, step, status, message or {}, now]
-        sql, parameters = _move_event_insert(connection, values)
+        sql, parameters = _move_event_insert(connection, values, earlier_values)
+        every = values if before is None else [*earlier_values, *values]
         if settings.JOBS_CHECK_MOVE_STATEMENTS:
-            params = [prepared_checked(field, prepare, values[index], connection)
+            params = [prepared_checked(field, prepare, every[index], connection)
                       for index, field, prepare in parameters]
         else:
-            params = [prepare(values[index], connection) for index, _, prepare in parameters]
+            params = [prepare(every[index], connection) for index, _, prepare in parameters]
         job = job_update_returning(statement, then_insert=(sql, params), using=using, connection=connection,
-                                   with_json=with_json)
+                                   with_json=with_json, inserts_many=before is not None)
         if job is None:
             return None
-        # The event's row is in the job's database: the statement wrote both.
-        event = instance_from_row(JobEvent, using, _EVENT_ATTNAMES, [job._inserted_id, job.pk, job.event_seq, *values])
+        # The events' rows are in the job's database: the statement wrote them.
+        if before is None:
+            event_ids, earlier = [job._inserted_id], None
+        else:
+            event_ids = job._inserted_id
+            earlier = instance_from_row(JobEvent, using, _EVENT_ATTNAMES,
+                                        [event_ids[0], job.pk, job.event_seq - 1, *earlier_values])
+        event = instance_from_row(JobEvent, using, _EVENT_ATTNAMES, [event_ids[-1], job.pk, job.event_seq, *values])
     else:
         event = JobEvent(type=type, step=step, status=status, message=message or {}, created_at=now)
         jobs = Job.objects.all()
         job = jobs.update_returning(statement=statement)
         if job is None:
             return None
+        earlier = None
+        if before is not None:
+            earlier = JobEvent(job_id=job.pk, seq=job.event_seq - 1, type=earlier_values[0], step=earlier_values[1],
+                               status=earlier_values[2], message=earlier_values[3], created_at=now)
+            _event_insert(earlier)
         event.job_id, event.seq = job.pk, job.event_seq
         _event_insert(event)
     # After the commit of the write's own connection (`transaction.on_commit` without `using`
     # would look the default one up again).
-    connection.on_commit(partial(event_publish, job=job, event=event), robust=True)
+    if earlier is None:
+        connection.on_commit(partial(event_publish, job=job, event=event), robust=True)
+    else:
+        connection.on_commit(partial(events_publish, [(job, earlier), (job, event)]), robust=True)
     return job, event
 
 

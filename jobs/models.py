@@ -71,13 +71,16 @@ class JobQuerySet(models.QuerySet):
 
 
 def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str, list] | None = None,
-                         using: str, connection: Any = None, with_json: bool = True) -> Job | None:
+                         using: str, connection: Any = None, with_json: bool = True,
+                         inserts_many: bool = False) -> Job | None:
     """`JobQuerySet.update_returning` of a statement already built, without a queryset (the
     path of every move: `jobs.events.job_update_with_event`). `connection`: `using`'s, when the
     caller has it already. `with_json=False` reads back every column but the JSON ones (the input,
     the checkpoint, ...), which the `Job` then loads from the database if they are read, as a
     deferred field: for a move whose caller reads none of them (a progress report, a log line),
-    so that the database does not send them back at each one."""
+    so that the database does not send them back at each one. `inserts_many`: `then_insert`
+    inserts more than one row (a move's two events); `job._inserted_id` is then the list of their
+    ids, in the order of their `seq`."""
     if connection is None:
         connection = connections[using]
     update_sql, params = statement
@@ -87,7 +90,7 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
     if then_insert is not None:
         insert_sql, insert_params = then_insert
         params = [*params, *insert_params]
-    sql = _returning_statement(update_sql, insert_sql, columns)
+    sql = _returning_statement(update_sql, insert_sql, columns, inserts_many)
     row = prepared_fetch(connection, sql, params, one=True)
     if row is None:
         return None
@@ -107,9 +110,12 @@ MAX_RETURNING_STATEMENTS = 512
 
 
 @functools.lru_cache(maxsize=MAX_RETURNING_STATEMENTS)
-def _returning_statement(update_sql: str, insert_sql: str | None, columns: str) -> str:
+def _returning_statement(update_sql: str, insert_sql: str | None, columns: str, inserts_many: bool = False) -> str:
     sql = f"{update_sql} RETURNING {columns}"
-    if insert_sql is not None:
+    if insert_sql is not None and inserts_many:
+        sql = (f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id, seq) "
+               f"SELECT j.*, (SELECT array_agg(i.id ORDER BY i.seq) FROM i) FROM j")
+    elif insert_sql is not None:
         sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
     return sql
 

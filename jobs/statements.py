@@ -60,6 +60,8 @@ from jobs.models import Job, status_among
 
 # The next event's number: one object for every move, whose shape is worked out once on it.
 NEXT_EVENT_SEQ = F("event_seq") + 1
+# A move that writes an event before its own (`jobs.events.job_update_with_event`'s `before`).
+NEXT_TWO_EVENT_SEQS = F("event_seq") + 2
 
 # Shapes kept per process; past this many (a condition with ever-new values), all are dropped.
 MAX_SHAPES = 512

@@ -196,15 +196,16 @@ def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None, token_u
     now = db_now()
     spent = {"token_used_at": now} if token_used else {}
     Wait.objects.filter(pk=wait.pk).update(woken_at=now, woken_by=by, next_due_at=now, updated_at=now, **spent)
-    event_append(job_id=wait.job_id, type="wait", step=wait.key, status="woken", message={"by": by, **(message or {})})
+    woken = ("wait", wait.key, "woken", {"by": by, **(message or {})})
     try:
-        job_wake(job_id=wait.job_id, on=wait_suspension(wait.key), reason={"wait": wait.key, "by": by})
+        # The wait's event and the job's move to `pending` in one statement (`job_transition`'s `before`).
+        job_wake(job_id=wait.job_id, on=wait_suspension(wait.key), reason={"wait": wait.key, "by": by}, before=woken)
     except InvalidTransition:
         # The run has not parked yet (the service called back at once), or a look is already
         # on its way: the run finds `woken_at` when it parks and resumes at once. Or the job
         # is not parked on this wait at all (paused on a question, parked on another wait):
-        # it is not resumed.
-        pass
+        # it is not resumed. The refused move wrote nothing: the wake's event on its own.
+        event_append(job_id=wait.job_id, type=woken[0], step=woken[1], status=woken[2], message=woken[3])
 
 
 # A callback's two reads by its token's hash (unique), built once per connection (dbkit.kept): their

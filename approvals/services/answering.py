@@ -237,12 +237,8 @@ def question_settle(
     question.answered_by = user
     recorded = decision_record(**decision, settles=True)
     by = user.get_username() if user is not None else "system"
-    event_append(
-        job_id=question.job_id,
-        type="question",
-        step=question.key,
-        status=event_status,
-        message=event_message or {"by": by, "channel": channel, "answer": answer},
-    )
-    job_resume(job_id=question.job_id, reason={"answered": question.key})
+    # The question's event and the job's move to `pending` in one statement (`job_transition`'s `before`).
+    job_resume(job_id=question.job_id, reason={"answered": question.key},
+               before=("question", question.key, event_status,
+                       event_message or {"by": by, "channel": channel, "answer": answer}))
     return recorded

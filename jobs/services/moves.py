@@ -17,7 +17,7 @@ from jobs.backoff import backoff_with_jitter
 from jobs.clock import db_now, db_now_plus
 from jobs.conflicts import retry_on_conflict
 from jobs.errors import ClaimDeferred, InvalidTransition, JobNotFound
-from jobs.events import RunLost
+from jobs.events import EarlierEvent, RunLost
 from jobs.leases import lease_deadline
 from jobs.models import Job, status_among
 from jobs.services import family, transitions
@@ -252,23 +252,28 @@ def job_suspend(
     return suspended
 
 
-def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None, on: str | None = None) -> Job:
+def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None, on: str | None = None,
+               before: EarlierEvent | None = None) -> Job:
     """Make a job `paused` on a question runnable again (`paused → pending`: it was answered)
-    and dispatch it. With `on`, only if the job is suspended on that (`question:<key>`)."""
+    and dispatch it. With `on`, only if the job is suspended on that (`question:<key>`).
+    `before`: the event that says why (the question's answer), written with the move's own
+    (`job_transition`)."""
     return job_transition(
         job_id=job_id, to=Status.PENDING, from_=[Status.PAUSED], fields={"run_after": None}, message=reason,
-        dispatch=True, suspended_on=on,
+        dispatch=True, suspended_on=on, before=before,
     )
 
 
-def job_wake(*, job_id: Any, on: str, reason: dict[str, Any] | None = None) -> Job:
+def job_wake(*, job_id: Any, on: str, reason: dict[str, Any] | None = None,
+             before: EarlierEvent | None = None) -> Job:
     """Make a job `waiting` on outside work runnable again (`waiting → pending`: a callback, a
     due check or a person woke it) and dispatch it, only if it is waiting on `on` (the wait that
     woke, `wait:<key>`). A paused job, or one that has parked on another wait since, is never
-    woken this way (InvalidTransition)."""
+    woken this way (InvalidTransition: nothing is written, `before` neither). `before`: the
+    event that says why, written with the move's own (`job_transition`)."""
     return job_transition(
         job_id=job_id, to=Status.PENDING, from_=[Status.WAITING], fields={"run_after": None}, message=reason,
-        dispatch=True, suspended_on=on,
+        dispatch=True, suspended_on=on, before=before,
     )
 
 

@@ -29,11 +29,11 @@ from jobs.broker import (
 )
 from jobs.clock import db_now
 from jobs.errors import InvalidTransition, JobNotFound, UnknownKind
-from jobs.events import job_update_with_event, one_statement_write
+from jobs.events import EarlierEvent, job_update_with_event, one_statement_write
 from jobs.extensions import transition_hooks_for
 from jobs.models import Job
 from jobs.registry import kind_get
-from jobs.statements import NEXT_EVENT_SEQ, MoveRows
+from jobs.statements import NEXT_EVENT_SEQ, NEXT_TWO_EVENT_SEQS, MoveRows
 
 Status = Job.Status
 logger = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ def job_transition(
     has_parent: bool | None = None,
     actor: Any = None,
     channel: str | None = None,
+    before: EarlierEvent | None = None,
 ) -> Job:
     """Move a job to status `to` and return the updated row.
 
@@ -78,10 +79,14 @@ def job_transition(
     `started_at`, `finished_at`) are the database's (`jobs.clock`). With `dispatch`, the job's
     Celery task is sent after the commit (after `countdown` seconds). Raises JobNotFound, or
     InvalidTransition naming the current status.
+
+    `before`: an event written just before the `status` event, in the same statement (what made
+    the move: a question answered, a wait woken), and only if the move is made.
     """
     sources = _sources_for(to, None if from_ is None else tuple(from_))
     now = db_now()
-    values: dict[str, Any] = {"status": to, "event_seq": NEXT_EVENT_SEQ, "updated_at": now}
+    values: dict[str, Any] = {"status": to, "event_seq": NEXT_EVENT_SEQ if before is None else NEXT_TWO_EVENT_SEQS,
+                              "updated_at": now}
     if to == Status.PROCESSING:
         values["started_at"] = now
     if to in Job.TERMINAL:
@@ -96,7 +101,7 @@ def job_transition(
     values.update(fields or {})
 
     hooks = transition_hooks_for(to, has_owner=has_owner)
-    before = [hook for hook in hooks if hook.before]
+    closing = [hook for hook in hooks if hook.before]
     after = [hook for hook in hooks if not hook.before]
     # A child's end wakes its gathering parent in the same transaction (jobs.services.family).
     family = to in Job.TERMINAL and has_parent is not False
@@ -106,21 +111,22 @@ def job_transition(
     if after and not family and all(hook.needed_when is not None for hook in after):
         # First as the one statement, where no after-hook is needed (an owner without webhooks):
         # matching nothing writes nothing, and the move then takes its transaction below.
-        quiet = MoveRows(**selects, unless_needed=tuple(after), no_feature_rows=bool(before))
+        quiet = MoveRows(**selects, unless_needed=tuple(after), no_feature_rows=bool(closing))
         with one_statement_write():
-            written = job_update_with_event(rows=quiet, fields=values, type="status", status=to, message=message)
+            written = job_update_with_event(rows=quiet, fields=values, type="status", status=to, message=message,
+                                            before=before)
     if written is None:
         with _transition_transaction(alone=not after and not family):
-            if before:
+            if closing:
                 # A job that holds no feature rows has nothing to close: the one statement, as usual.
                 written = job_update_with_event(rows=MoveRows(**selects, no_feature_rows=True), fields=values,
-                                                type="status", status=to, message=message)
+                                                type="status", status=to, message=message, before=before)
                 if written is None:
-                    written = _move_closing_first(MoveRows(**selects), before, job_id=job_id, to=to, fields=values,
-                                                  message=message, actor=actor, channel=channel)
+                    written = _move_closing_first(MoveRows(**selects), closing, job_id=job_id, to=to, fields=values,
+                                                  message=message, actor=actor, channel=channel, before=before)
             else:
                 written = job_update_with_event(rows=MoveRows(**selects), fields=values, type="status", status=to,
-                                                message=message)
+                                                message=message, before=before)
             if written is not None:
                 # In this transaction: a committed move always has its hooks' writes (closed
                 # questions and waits, queued webhook deliveries) committed with it.
@@ -145,8 +151,8 @@ def job_transition(
     return job
 
 
-def _move_closing_first(rows: MoveRows, before, *, job_id: Any, to: str, fields: dict[str, Any],
-                        message: dict | None, actor: Any, channel: str | None):
+def _move_closing_first(rows: MoveRows, closing, *, job_id: Any, to: str, fields: dict[str, Any],
+                        message: dict | None, actor: Any, channel: str | None, before: EarlierEvent | None):
     """The move of a job that holds feature rows: lock its row and check the move, let the
     closing hooks close what the job held (their events come before the status event, which
     stays the last of a finished job), then write the move. None: no job matched."""
@@ -154,10 +160,11 @@ def _move_closing_first(rows: MoveRows, before, *, job_id: Any, to: str, fields:
         locked = rows.queryset().select_for_update().first()
         if locked is None:
             return None  # refused by the caller, after its transaction (nothing was written)
-        for hook in before:
+        for hook in closing:
             if locked.owner_id is not None or not hook.owners_only:
                 hook.fn(job=locked, to=to, actor=actor, channel=channel)
-        written = job_update_with_event(rows=rows, fields=fields, type="status", status=to, message=message)
+        written = job_update_with_event(rows=rows, fields=fields, type="status", status=to, message=message,
+                                        before=before)
         if written is None:  # not under the row's lock; were it ever so, the hooks' writes roll back with it
             _refuse(job_id, to)
         return written

@@ -50,15 +50,22 @@ def test_an_answer_through_the_api_takes_no_savepoint_beyond_the_requests_own(mo
     assert sum(sql.startswith('WITH d AS (INSERT INTO "approvals_decision"') for sql in statements) == 1, statements
     assert not any(sql.startswith(('INSERT INTO "approvals_decision"', 'UPDATE "approvals_question"'))
                    for sql in statements), statements
-    # 11 (the response counts no votes: the answer just did; it reads the assignees, users and
+    # The question's event is written by the job's move, in its statement: one UPDATE of the job.
+    assert sum(sql.startswith('WITH j AS (UPDATE "jobs_job"') for sql in statements) == 1, statements
+    # 10 (the response counts no votes: the answer just did; it reads the assignees, users and
     # groups, in one statement), and one more when the token's `last_used_at` is due for its
     # (throttled) update.
-    assert len(statements) <= 12, "\n".join(sql[:120] for sql in statements)
+    assert len(statements) <= 11, "\n".join(sql[:120] for sql in statements)
     assert response.json()["approvals"] == 1
     job.refresh_from_db()
     assert job.status == "pending"
     question.refresh_from_db()
     assert question.answered_at == question.decisions.get().created_at
+    # Numbered in order, with no gap: the question's answer, then the job's move.
+    events = list(job.events.order_by("seq").values_list("seq", "type", "status", "message"))
+    assert [seq for seq, *_ in events] == list(range(1, len(events) + 1)) and events[-1][0] == job.event_seq
+    assert [event[1:3] for event in events[-2:]] == [("question", "answered"), ("status", "pending")]
+    assert events[-2][3] == {"by": "desk", "channel": "api", "answer": {"approved": True}}
 
 
 def test_an_answers_ledger_row_is_built_once_per_connection_and_checked_where_the_check_is_on(monkeypatch, settings):

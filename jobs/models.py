@@ -72,7 +72,7 @@ class JobQuerySet(models.QuerySet):
 
 def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str, list] | None = None,
                          using: str, connection: Any = None, with_json: bool = True,
-                         inserts_many: bool = False) -> Job | None:
+                         inserts_many: bool = False, returning_also: tuple[str, list] | None = None) -> Job | None:
     """`JobQuerySet.update_returning` of a statement already built, without a queryset (the
     path of every move: `jobs.events.job_update_with_event`). `connection`: `using`'s, when the
     caller has it already. `with_json=False` reads back every column but the JSON ones (the input,
@@ -80,12 +80,18 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
     deferred field: for a move whose caller reads none of them (a progress report, a log line),
     so that the database does not send them back at each one. `inserts_many`: `then_insert`
     inserts more than one row (a move's two events); `job._inserted_id` is then the list of their
-    ids, in the order of their `seq`."""
+    ids, in the order of their `seq`. `returning_also`: `(sql, params)` of one more value the
+    UPDATE returns, read from the row it wrote (a part of a JSON column: `"checkpoint" -> %s`), set
+    as `job._returned_also` as the database sent it."""
     if connection is None:
         connection = connections[using]
     update_sql, params = statement
     reading = _job_row_reading(connection, with_json=with_json)
     columns, attnames, _, followed = reading
+    if returning_also is not None:
+        also_sql, also_params = returning_also
+        columns = f"{columns}, {also_sql}"
+        params = [*params, *also_params]
     insert_sql = None
     if then_insert is not None:
         insert_sql, insert_params = then_insert
@@ -100,6 +106,8 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
     count = len(attnames)
     # Who follows it, as the statement found (`jobs.followed`): its events' pushes go only there.
     job._followed = (row[count], row[count + 1]) if followed else EVERYONE
+    if returning_also is not None:
+        job._returned_also = row[count + 2 if followed else count]
     return job
 
 

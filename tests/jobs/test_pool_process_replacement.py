@@ -21,6 +21,11 @@ def _jobs_on_a_worker(count: int, env: dict[str, str] | None = None, says: str |
     """Start a worker with one pool process and `env`, run `count` no-op jobs through it one after
     the other (each once the one before it finished), wait for its log to say `says`; the pid that
     ran each job, and the worker's output."""
+    from taskplatform.celery import app
+
+    # Messages earlier tests left (their jobs, beat's passes) would each count as a pool process's
+    # task in between: four jobs then ran in four processes where two took two each.
+    app.control.purge()
     worker = celery_worker(name="replacement", concurrency=1, env=env).start()
     pids = []
     try:

@@ -8,25 +8,36 @@ worker, and checks which process ran each job from the job's own row (`Job.worke
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
+
 import pytest
 
 from jobs.models import Job
+from jobs.registry import _kinds, kind_get
 from jobs.services import job_submit
 from tests.support.processes import celery_worker, wait_until
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
-def _jobs_on_a_worker(count: int, env: dict[str, str] | None = None, says: str | None = None) -> tuple[list[str], str]:
-    """Start a worker with one pool process and `env`, run `count` no-op jobs through it one after
-    the other (each once the one before it finished), wait for its log to say `says`; the pid that
-    ran each job, and the worker's output."""
-    from taskplatform.celery import app
+@pytest.fixture
+def on_a_queue_of_its_own(monkeypatch):
+    """The test's jobs go to a queue that only its worker reads. Messages earlier tests left in the
+    shared queues (their jobs, beat's passes, unacknowledged ones the broker gives back when a
+    worker starts) would each count as a pool process's task in between: four jobs then ran in
+    four processes where two should take two each."""
+    queue = f"replacement-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setitem(_kinds, "demo.noop", dataclasses.replace(kind_get("demo.noop"), queue=queue))
+    return queue
 
-    # Messages earlier tests left (their jobs, beat's passes) would each count as a pool process's
-    # task in between: four jobs then ran in four processes where two took two each.
-    app.control.purge()
-    worker = celery_worker(name="replacement", concurrency=1, env=env).start()
+
+def _jobs_on_a_worker(queue: str, count: int, env: dict[str, str] | None = None,
+                      says: str | None = None) -> tuple[list[str], str]:
+    """Start a worker with one pool process and `env`, reading `queue` alone, run `count` no-op
+    jobs through it one after the other (each once the one before it finished), wait for its log
+    to say `says`; the pid that ran each job, and the worker's output."""
+    worker = celery_worker(name="replacement", concurrency=1, queues=queue, env=env).start()
     pids = []
     try:
         for _ in range(count):
@@ -44,25 +55,27 @@ def _jobs_on_a_worker(count: int, env: dict[str, str] | None = None, says: str |
     return pids, worker.output
 
 
-def test_a_pool_process_over_its_memory_limit_is_replaced_after_its_job(only_own_workers):
+def test_a_pool_process_over_its_memory_limit_is_replaced_after_its_job(only_own_workers, on_a_queue_of_its_own):
     # 1 MB: every pool process holds more than that, so each is replaced after its first job.
     # Celery's pool says nothing of it; the operator is told why (ops.signals).
-    pids, output = _jobs_on_a_worker(3, {"WORKER_MAX_MEMORY_PER_CHILD_MB": "1", "WORKER_MAX_TASKS_PER_CHILD": "0"},
+    pids, output = _jobs_on_a_worker(on_a_queue_of_its_own, 3,
+                                     {"WORKER_MAX_MEMORY_PER_CHILD_MB": "1", "WORKER_MAX_TASKS_PER_CHILD": "0"},
                                      says="replaced: it held")
     assert len(set(pids)) == 3, pids  # the count limit is off: the memory limit replaced them
     replaced = [line for line in output.splitlines() if "replaced: it held" in line]
     assert "over WORKER_MAX_MEMORY_PER_CHILD_MB (1)" in replaced[0], replaced
 
 
-def test_by_default_a_pool_process_runs_job_after_job(only_own_workers, monkeypatch):
+def test_by_default_a_pool_process_runs_job_after_job(only_own_workers, on_a_queue_of_its_own, monkeypatch):
     monkeypatch.delenv("WORKER_MAX_MEMORY_PER_CHILD_MB", raising=False)
     monkeypatch.delenv("WORKER_MAX_TASKS_PER_CHILD", raising=False)
-    pids, output = _jobs_on_a_worker(3)
+    pids, output = _jobs_on_a_worker(on_a_queue_of_its_own, 3)
     assert len(set(pids)) == 1, pids
     assert "pool process" not in output
 
 
-def test_a_pool_process_is_replaced_after_its_tasks_and_says_so(only_own_workers):
-    pids, _ = _jobs_on_a_worker(4, {"WORKER_MAX_MEMORY_PER_CHILD_MB": "0", "WORKER_MAX_TASKS_PER_CHILD": "2"},
+def test_a_pool_process_is_replaced_after_its_tasks_and_says_so(only_own_workers, on_a_queue_of_its_own):
+    pids, _ = _jobs_on_a_worker(on_a_queue_of_its_own, 4,
+                                {"WORKER_MAX_MEMORY_PER_CHILD_MB": "0", "WORKER_MAX_TASKS_PER_CHILD": "2"},
                                 says="replaced after 2 jobs")
     assert pids[0] == pids[1] != pids[2] == pids[3], pids

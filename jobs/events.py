@@ -400,7 +400,8 @@ class _CheckpointAdd(KeptExpression, Func):
 
 
 STEP_NOT_DONE = object()
-# A step's stored result, as the statement that stored it returns it (`step_checkpoint`).
+# A step's stored result, as the statement that stored it returns it (`step_checkpoint`;
+# PostgreSQL's `jsonb -> text`, on the job's `checkpoint` column).
 _STORED_STEP = '"checkpoint" -> %s::text'
 
 

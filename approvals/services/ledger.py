@@ -61,19 +61,22 @@ def decision_record(
     )
     using = Decision.objects.db
     connection = connections[using]
-    if connection.vendor != "postgresql":
-        decision.save(force_insert=True)
-        if settles:
-            question.answered_at = decision.created_at
-            question.save(update_fields=[*SETTLED_FIELDS, "answered_at"])
-        return decision
     # The INSERT kept per connection (`dbkit.inserts`) and, when it settles the question, the
     # question's UPDATE as a CTE beside it: the ORM's two saves were a fifth of an answer's time
     # in the web process (bench/README.md, "An answer's writes in one statement").
     meta = Decision._meta
     returning = [meta.pk, meta.get_field("created_at")]
     check = settings.KEPT_READS_CHECK
-    insert_sql, params = kept_insert(connection, decision, _written(), returning, check=check)
+    kept = None
+    if connection.vendor == "postgresql":
+        kept = kept_insert(connection, decision, _written(), returning, check=check)
+    if kept is None:  # elsewhere (SQLite), or a value that is an expression: the ORM's two saves
+        decision.save(force_insert=True)
+        if settles:
+            question.answered_at = decision.created_at
+            question.save(update_fields=[*SETTLED_FIELDS, "answered_at"])
+        return decision
+    insert_sql, params = kept
     sql = insert_sql
     if settles:
         sql, settling = _settling(connection, insert_sql)

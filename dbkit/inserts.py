@@ -6,7 +6,8 @@ the statement took in PostgreSQL (a twentieth of the web process's CPU per `POST
 fifth of an answer's, with its question's UPDATE; bench/README.md, "The API's submit" and "An
 answer's writes in one statement"). `kept_insert` has the compiler build a model's
 `INSERT … RETURNING` once per connection for the columns written, and works out only each row's
-values, as the compiler does (each field's `pre_save`, then its `get_db_prep_save`). Under
+values, as the compiler does (each field's `pre_save`, then its `get_db_prep_save`, through
+the field's kept preparer: `dbkit.values.save_preparer`). Under
 `check` (the test settings), the compiler builds it each time as well, and the two must agree.
 
 `returned_into` puts what the statement returned into the instance, through the columns'
@@ -20,8 +21,9 @@ from typing import Any
 from django.db.models import Model
 from django.db.models.sql import InsertQuery
 
+from dbkit.instances import column_converters, converted
 from dbkit.per_connection import once_per_connection
-from dbkit.values import comparable
+from dbkit.values import comparable, save_preparer
 
 
 def compiled_insert(connection: Any, model: type[Model], objs: list[Model], written: list, returning: list,
@@ -46,11 +48,15 @@ def kept_insert(connection: Any, instance: Model, written: list, returning: list
     values = [field.pre_save(instance, True) for field in written]
     if any(hasattr(value, "resolve_expression") for value in values):
         return None
-    params = [field.get_db_prep_save(value, connection=connection)
-              for field, value in zip(written, values, strict=True)]
     kept = once_per_connection(connection, KEPT, dict)
     key = (type(instance), tuple(field.attname for field in written), tuple(field.attname for field in returning))
     sql = kept.get(key)
+    # Each value prepared as its field's `get_db_prep_save` would (`dbkit.values.save_preparer`),
+    # the preparers kept with the text.
+    preparers = once_per_connection(connection, PREPARERS, dict)
+    if key not in preparers:
+        preparers[key] = [save_preparer(field, connection) for field in written]
+    params = [prepare(value, connection) for prepare, value in zip(preparers[key], values, strict=True)]
     if sql is None or check:
         built_sql, built_params = compiled_insert(connection, type(instance), [instance], written, returning,
                                                   raw=True)
@@ -62,27 +68,10 @@ def kept_insert(connection: Any, instance: Model, written: list, returning: list
     return sql, params
 
 
-# The connection's kept INSERT texts, by (model, the columns written, the columns returned).
+# The connection's kept INSERT texts, and their values' preparers, by (model, the columns written,
+# the columns returned).
 KEPT = "_dbkit_kept_inserts"
-
-
-def column_converters(connection: Any, field: Any) -> list:
-    """The converters of `field`'s column on `connection`, worked out once per connection (they
-    are the backend's and the field's, fixed for both)."""
-    cache = once_per_connection(connection, "_dbkit_converters", dict)
-    try:
-        return cache[field]
-    except KeyError:
-        col = field.get_col(field.model._meta.db_table)
-        found = cache[field] = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-        return found
-
-
-def converted(value: Any, field: Any, converters: Any, connection: Any) -> Any:
-    """`value` as read from `field`'s column, through its `converters` (`column_converters`)."""
-    for converter in converters:
-        value = converter(value, field, connection)
-    return value
+PREPARERS = "_dbkit_kept_insert_preparers"
 
 
 def returned_into(instance: Model, returning: list, values: Any, connection: Any, using: str) -> None:

@@ -31,6 +31,28 @@ from django.db.models.base import ModelState
 from django.db.models.query_utils import DeferredAttribute
 from django.db.models.signals import post_init, pre_init
 
+from dbkit.per_connection import once_per_connection
+
+
+def column_converters(connection: Any, field: Any) -> list:
+    """The converters of `field`'s column on `connection`, worked out once per connection (they
+    are the backend's and the field's, fixed for both)."""
+    cache = once_per_connection(connection, "_dbkit_converters", dict)
+    try:
+        return cache[field]
+    except KeyError:
+        col = field.get_col(field.model._meta.db_table)
+        found = cache[field] = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+        return found
+
+
+def converted(value: Any, field: Any, converters: Any, connection: Any) -> Any:
+    """`value` as read from `field`'s column, through its `converters` (`column_converters`)."""
+    for converter in converters:
+        value = converter(value, field, connection)
+    return value
+
+
 # The instance's `__dict__` key of {attname: (the column's value, its decoder)}: the values not
 # decoded yet. A field's value is either there or under its attname, never in both.
 UNDECODED = "_undecoded"

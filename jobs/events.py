@@ -19,8 +19,8 @@ from django.db.models import F, Func, JSONField, Value
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from dbkit.inserts import column_converters, compiled_insert, converted, kept_insert, returned_into
-from dbkit.instances import instance_from_row
+from dbkit.inserts import compiled_insert, kept_insert, returned_into
+from dbkit.instances import column_converters, converted, instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor, prepared_fetch
 from dbkit.values import prepared_checked, save_preparer, sql_literal

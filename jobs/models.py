@@ -16,8 +16,7 @@ from django.db.models.functions import Now
 from django.db.models.lookups import In
 from django.db.models.sql import UpdateQuery
 
-from dbkit.inserts import column_converters, converted
-from dbkit.instances import DecodedWhenReadModel, JSONDecodedWhenRead, instance_from_row
+from dbkit.instances import DecodedWhenReadModel, JSONDecodedWhenRead, column_converters, converted, instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_fetch
 from jobs.followed import EVERYONE, followed_returning

@@ -205,7 +205,8 @@ def _wake(*, wait: Wait, by: str, message: dict[str, Any] | None = None, token_u
         # on its way: the run finds `woken_at` when it parks and resumes at once. Or the job
         # is not parked on this wait at all (paused on a question, parked on another wait):
         # it is not resumed. The refused move wrote nothing: the wake's event on its own.
-        event_append(job_id=wait.job_id, type=woken[0], step=woken[1], status=woken[2], message=woken[3])
+        type_, step, status, said = woken
+        event_append(job_id=wait.job_id, type=type_, step=step, status=status, message=said)
 
 
 # A callback's two reads by its token's hash (unique), built once per connection (dbkit.kept): their

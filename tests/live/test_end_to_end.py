@@ -141,3 +141,40 @@ def test_server_sent_events_stream_a_job_until_it_finishes_and_resume_from_last_
     assert httpx.get(url, headers=other, timeout=10).status_code == 404
     missing = f"{server}/api/jobs/00000000-0000-0000-0000-000000000000/events/stream/"
     assert httpx.get(missing, headers=auth, timeout=10).status_code == 404
+
+
+def test_an_answer_reaches_a_websocket_client_as_its_event_then_the_jobs_move_in_order(worker, server):
+    """An answer through the API writes its `question answered` event with the job's move to
+    `pending`, in one statement (`job_transition(before=…)`): a client following the job gets
+    both, numbered one after the other, then the resumed run's events, exactly as logged."""
+    from approvals.models import Question
+    from tests.support.processes import wait_until
+
+    owner, reviewer = make_user("olga"), make_user("rita", reviewer=True)
+    watcher, answerer = token_for(owner), token_for(reviewer)
+    job, _ = job_submit(kind="demo.review", input={"document": "Contract v3"}, owner=owner)
+    wait_until(lambda: Job.objects.get(pk=job.pk).status == Job.Status.PAUSED, timeout=30,
+               message="the review did not pause on its question")
+    question = Question.objects.get(job=job)
+
+    async def client() -> list[dict]:
+        received: list[dict] = []
+        ticket = await asyncio.to_thread(ticket_from, server, watcher)
+        async with connect(ws_url(server, f"/ws/jobs/{job.pk}/?after=0&ticket={ticket}")) as ws:
+            assert json.loads(await ws.recv())["type"] == "snapshot"
+            response = await asyncio.to_thread(
+                httpx.post, f"{server}/api/questions/{question.pk}/answer/", json={"answer": {"approved": True}},
+                headers={"Authorization": f"Token {answerer}"}, timeout=10)
+            assert response.status_code == 200, response.text
+            await read_until_finished(ws, received)
+        return received
+
+    received = asyncio.run(client())
+    stored = stored_events(job)
+    assert received == stored  # every event, in order, exactly as logged
+    moves = [(e["type"], e["status"]) for e in received]
+    answered = moves.index(("question", "answered"))
+    assert moves[answered + 1] == ("status", "pending")
+    assert received[answered + 1]["seq"] == received[answered]["seq"] + 1
+    assert received[answered]["message"]["by"] == "rita"
+    assert moves[-1] == ("status", "completed")

@@ -131,6 +131,21 @@ def test_the_rounds_table_lists_each_round_and_the_median_ratios():
     assert table[-1] == "| median | | | | 0.25 | 0.5 | 0.5 | |"
 
 
+def test_a_durable_phase_ends_when_its_last_job_finished_not_at_the_poll_that_saw_it():
+    from datetime import UTC, datetime, timedelta
+
+    from bench.shipped import window_figures
+
+    since = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+    # 3,000 jobs, the last finished 5.0 s in; the quarter-second poll saw it at 5.2 s.
+    assert window_figures(3000, 5.2, since, since + timedelta(seconds=5)) == {
+        "seconds": 5.0, "per_second": 600.0, "seconds_polled": 5.2}
+    # No row's time, or one the poll cannot have come before: the poll's.
+    assert window_figures(3000, 5.2, since, None)["seconds"] == 5.2
+    assert window_figures(3000, 5.2, since, since + timedelta(seconds=6))["seconds"] == 5.2
+    assert window_figures(3000, 5.2, since, since - timedelta(seconds=1))["seconds"] == 5.2
+
+
 @needs_postgresql
 def test_the_scans_of_a_table_during_a_phase_are_counted():
     from bench.shipped import TableScans, scans_text

@@ -640,10 +640,9 @@ def peer_phase(count: int, concurrency: int, url: str) -> dict[str, Any]:
         if workers.poll() is not None:
             raise SystemExit(f"bench: Procrastinate's workers exited: {workers.stderr.read().decode()[-2000:]}")
         done += 1
-        since = datetime.now(UTC)
         budget = CpuBudget(workers.pid)
         budget.start()
-        started = time.perf_counter()
+        since, started = datetime.now(UTC), time.perf_counter()  # the window's start, on both clocks
         ids = peer_procrastinate.submit(url, count)
         submitted = time.perf_counter() - started
         wait_for(lambda: peer_procrastinate.succeeded(conn) >= done + count, 600, f"{count} Procrastinate jobs",
@@ -783,11 +782,10 @@ def durable_phase(count: int, concurrency: int, redis_url: str, profile_dir: Pat
         vacuumed(conn, bare_durable.JOBS, bare_durable.EVENTS)
         scans = TableScans(conn, bare_durable.JOBS)
         profile = Profile(None, "durable", max(5.0, count / 600), profile_dir, name="durable_worker", pid=worker.pid)
-        since = datetime.now(UTC)
         budget = CpuBudget(worker.pid)
         budget.start()
         done = completed()
-        started = time.perf_counter()
+        since, started = datetime.now(UTC), time.perf_counter()
         with PgWaits(waits_dsn) as waits:
             ids = bare_durable.submit(conn, count)
             submitted = time.perf_counter() - started
@@ -837,11 +835,10 @@ def platform_phase(count: int, shipped: Platform, profile_dir: Path | None = Non
         vacuumed(cursor, Job._meta.db_table, JobEvent._meta.db_table)
     scans = TableScans(connection, Job._meta.db_table)
     profile = Profile(shipped, "worker", max(5.0, count / 400), profile_dir)
-    since = datetime.now(UTC)
     cpu_before = shipped.cpu_by_service()
     budget = CpuBudget(shipped.service_pid("worker"))
     budget.start()
-    started = time.perf_counter()
+    since, started = datetime.now(UTC), time.perf_counter()
     with PgWaits(waits_dsn) as waits:
         submit = subprocess.run([str(RUN_BIN / "python"), "manage.py", "submit", "demo.noop", "--count", str(count)],
                                 cwd=BASE_DIR, env=shipped.env, capture_output=True, text=True)
@@ -952,28 +949,7 @@ async def api_clients(url: str, tokens: list[str], seconds: float, clients: int,
     # its commit probe's.
     return {"requests": len(latencies), "seconds": round(elapsed, 2),
             "per_second": round(len(latencies) / elapsed, 1), **summary_ms(latencies), "errors": errors,
-            "slow_windows": slow}
-
-
-def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int,
-              profile_dir: Path | None = None) -> dict[str, Any]:
-    """The clients in a process of their own: their CPU is not the server's GIL. Each client
-    sends with a token of its own (`client_keys`), as separate integrations do: the per-token
-    rate limit (API_THROTTLE_RATE, 6,000 a minute) is then each client's, not the bench's."""
-    cpu_before = shipped.cpu_by_service()
-    clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    profile = Profile(shipped, "web", seconds * 0.8, profile_dir)
-    # The worker too: here the jobs come one at a time, not in a queued batch.
-    profile_worker = Profile(shipped, "worker", seconds * 0.8, profile_dir, name="api_worker")
-    result = api_clients_run(shipped.url, tokens, seconds, clients, shipped.env)
-    clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result["cpu_seconds"] = cpu_delta(cpu_before, shipped.cpu_by_service())
-    # The load generator's own CPU: on one machine it competes with the server for the cores.
-    result["cpu_seconds"]["clients"] = round(clients_after.ru_utime + clients_after.ru_stime
-                                             - clients_before.ru_utime - clients_before.ru_stime, 2)
-    result["profile_web"] = profile.top()
-    result["profile_worker"] = profile_worker.top()
-    return result
+            "slow_windows": slow, "latencies": [round(ms, 2) for ms in latencies]}
 
 
 def api_clients_run(url: str, tokens: list[str], seconds: float, clients: int, env: dict[str, str],
@@ -991,42 +967,193 @@ def api_clients_run(url: str, tokens: list[str], seconds: float, clients: int, e
     stalled = sum(1 for sent, took in slow if probe.worst_ms(sent, sent + took / 1000) > SLOW_REQUEST_MS)
     result["over_slow_ms"] = {"requests": len(slow), "during_a_commit_stall": stalled}
     result["commit_probe_ms"] = probe.summary()
+    result["commits_ms"] = [seconds * 1000 for _, seconds in probe.commits]
     return result
 
 
-def api_floor_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int, concurrency: int,
-                    redis_url: str, profile_dir: Path | None = None) -> dict[str, Any]:
-    """The API's floor, beside the platform's (still running, idle): `POST /bench/floor/`
+# The API's figure and its floor's are each taken in this many slices, the two alternating.
+API_SLICES = 4
+
+
+class _ApiSide:
+    """One side of the API's comparison (`api_phase`): its slices' figures, added up."""
+
+    name = ""
+    path = "/api/jobs/"
+
+    def __init__(self, tokens: list[str], clients: int) -> None:
+        self.tokens, self.clients = tokens, clients
+        self.latencies: list[float] = []
+        self.commits: list[float] = []
+        self.errors: dict[str, int] = {}
+        self.slow = {"requests": 0, "during_a_commit_stall": 0}
+        self.cpu: dict[str, float] = {}
+        self.seconds = 0.0
+        self.slices: list[dict[str, Any]] = []
+        self.profiles: dict[str, Any] = {}
+
+    url = ""
+    env: dict[str, str] = {}
+
+    def settle(self) -> None:
+        """Wait until the jobs this side's requests submitted have run."""
+
+    def cpu_now(self) -> dict[str, float]:
+        return {}
+
+    def profiling(self, seconds: float, profile_dir: Path) -> list[tuple[str, Profile]]:
+        return []
+
+    def warm(self) -> None:
+        """Each web process's first requests (imports, connections, kept statements), untimed."""
+        api_clients_run(self.url, self.tokens, 2.0, self.clients, self.env, self.path)
+
+    def run_slice(self, seconds: float, profile_dir: Path | None) -> None:
+        cpu_before = self.cpu_now()
+        clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        profiles = self.profiling(seconds * 0.8, profile_dir) if profile_dir is not None else []
+        result = api_clients_run(self.url, self.tokens, seconds, self.clients, self.env, self.path)
+        clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        for name, spent_now in cpu_delta(cpu_before, self.cpu_now()).items():
+            self.cpu[name] = round(self.cpu.get(name, 0.0) + spent_now, 2)
+        # The load generator's own CPU: on one machine it competes with the server for the cores.
+        self.cpu["clients"] = round(self.cpu.get("clients", 0.0) + clients_after.ru_utime + clients_after.ru_stime
+                                    - clients_before.ru_utime - clients_before.ru_stime, 2)
+        for key, profile in profiles:
+            self.profiles[key] = profile.top()
+        self.latencies += result["latencies"]
+        self.commits += result["commits_ms"]
+        for error, count in result["errors"].items():
+            self.errors[error] = self.errors.get(error, 0) + count
+        for key in self.slow:
+            self.slow[key] += result["over_slow_ms"][key]
+        self.seconds += result["seconds"]
+        self.slices.append({"per_second": result["per_second"], "p50": result["p50"], "p99": result["p99"]})
+
+    def result(self) -> dict[str, Any]:
+        commits = ({**summary_ms(self.commits), "over_50_ms": sum(1 for ms in self.commits if ms > SLOW_REQUEST_MS)}
+                   if self.commits else {})
+        return {"requests": len(self.latencies), "seconds": round(self.seconds, 2),
+                "per_second": round(len(self.latencies) / self.seconds, 1), **summary_ms(self.latencies),
+                "errors": self.errors, "over_slow_ms": self.slow, "commit_probe_ms": commits,
+                "cpu_seconds": self.cpu, "slices": self.slices, **self.profiles}
+
+
+class _PlatformApi(_ApiSide):
+    """`POST /api/jobs/` on `make run`'s web processes, the platform's worker running the jobs."""
+
+    name = "api"
+
+    def __init__(self, shipped: Platform, tokens: list[str], clients: int) -> None:
+        super().__init__(tokens, clients)
+        self.shipped, self.url, self.env = shipped, shipped.url, shipped.env
+
+    def settle(self) -> None:
+        drained()
+
+    def cpu_now(self) -> dict[str, float]:
+        return self.shipped.cpu_by_service()
+
+    def profiling(self, seconds: float, profile_dir: Path) -> list[tuple[str, Profile]]:
+        # The worker too: here the jobs come one at a time, not in a queued batch.
+        return [("profile_web", Profile(self.shipped, "web", seconds, profile_dir)),
+                ("profile_worker", Profile(self.shipped, "worker", seconds, profile_dir, name="api_worker"))]
+
+
+class _FloorApi(_ApiSide):
+    """The API's floor, beside the platform's (running, idle meanwhile): `POST /bench/floor/`
     (bench/api_urls.py: the API's authentication, throttle, parser and renderer, one INSERT of the
     job and its event, Celery's message) served by `make run`'s web command line with the bench's
     URLconf, as many processes, while the bare + SQL worker runs the platform's two statements for
-    each submitted job, as the platform's worker runs them in the API phase."""
-    from devtools.supervisor import build_services, port_open
+    each submitted job, as the platform's worker runs them for the API's. A context manager: the
+    server and the worker stop at its end."""
 
-    drained()  # the platform's worker done with the API phase's jobs: its CPU is not in this figure
-    with durable_worker(concurrency, redis_url) as (worker, _conn, completed):
+    name = "api-floor"
+    path = "/bench/floor/"
+
+    def __init__(self, shipped: Platform, tokens: list[str], clients: int, concurrency: int, redis_url: str) -> None:
+        super().__init__(tokens, clients)
+        self.shipped, self.concurrency, self.redis_url = shipped, concurrency, redis_url
+        self.stack = contextlib.ExitStack()
+        self.jobs_run = 0
+
+    def __enter__(self) -> _FloorApi:
+        from devtools.supervisor import build_services, port_open
+
+        self.worker, self.conn, self.completed = self.stack.enter_context(
+            durable_worker(self.concurrency, self.redis_url))
         port = free_port()
-        env = {**shipped.env, "DJANGO_SETTINGS_MODULE": "bench.api_settings", "PORT": str(port),
-               "BARE_CELERY_BROKER": redis_url}
-        web = next(service for service in build_services(env) if service.name == "web")
-        server = subprocess.Popen(web.argv, cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_for(lambda: port_open("127.0.0.1", port), 60, "the floor's web server")
-            api_clients_run(url, tokens, 2.0, clients, env, "/bench/floor/")  # each process's first requests
-            server_before, worker_before = tree_cpu_seconds(server.pid), tree_cpu_seconds(worker.pid)
-            done_before = completed()
-            profile = Profile(None, "web", seconds * 0.8, profile_dir, name="api_floor_web", pid=server.pid)
-            result = api_clients_run(url, tokens, seconds, clients, env, "/bench/floor/")
-            result["cpu_seconds"] = {"web": round(tree_cpu_seconds(server.pid) - server_before, 2),
-                                     "worker": round(tree_cpu_seconds(worker.pid) - worker_before, 2)}
-            result["jobs_run_during"] = completed() - done_before
-            result["profile_web"] = profile.top()
-            return result
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
+        self.env = {**self.shipped.env, "DJANGO_SETTINGS_MODULE": "bench.api_settings", "PORT": str(port),
+                    "BARE_CELERY_BROKER": self.redis_url}
+        web = next(service for service in build_services(self.env) if service.name == "web")
+        self.server = subprocess.Popen(web.argv, cwd=BASE_DIR, env=self.env, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)
+        self.stack.callback(self._stop_server)
+        self.url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: port_open("127.0.0.1", port), 60, "the floor's web server")
+        return self
+
+    def _stop_server(self) -> None:
+        os.killpg(self.server.pid, signal.SIGTERM)
+        self.server.wait(timeout=30)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+    def settle(self) -> None:
+        from bench import bare_durable
+
+        waiting = f"SELECT count(*) FROM {bare_durable.JOBS} WHERE status <> 'completed'"
+        wait_for(lambda: self.conn.execute(waiting).fetchone()[0] == 0, 300, "the floor's jobs finishing",
+                 interval=0.2)
+
+    def cpu_now(self) -> dict[str, float]:
+        return {"web": tree_cpu_seconds(self.server.pid), "worker": tree_cpu_seconds(self.worker.pid)}
+
+    def profiling(self, seconds: float, profile_dir: Path) -> list[tuple[str, Profile]]:
+        return [("profile_web", Profile(None, "web", seconds, profile_dir, name="api_floor_web", pid=self.server.pid))]
+
+    def run_slice(self, seconds: float, profile_dir: Path | None) -> None:
+        done_before = self.completed()
+        super().run_slice(seconds, profile_dir)
+        self.settle()
+        self.jobs_run += self.completed() - done_before
+
+    def result(self) -> dict[str, Any]:
+        return {**super().result(), "jobs_run_during": self.jobs_run}
+
+
+def slices_text(side: dict[str, Any]) -> str:
+    return ", ".join(f"{each['per_second']} / {each['p99']}" for each in side.get("slices", []))
+
+
+def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int, sides: set[str],
+              concurrency: int, redis_url: str, slices: int = API_SLICES,
+              profile_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """`POST /api/jobs/` (side "api") and its floor (side "api-floor": `_FloorApi`), `clients`
+    keep-alive clients in a process of their own (their CPU is not the server's GIL) for `seconds`
+    each, in `slices` slices, the sides alternating (the platform, the floor, the floor, the
+    platform, ...) with their jobs run between two slices: the machine's speed moves by the minute,
+    and one 20-second phase after the other met different minutes (the platform 20 requests a
+    second above its floor in one run and 60 under it in the next, 2026-12-06). Each client sends
+    with a token of its own (`client_keys`), as separate integrations do: the per-token rate limit
+    (API_THROTTLE_RATE, 6,000 a minute) is then each client's, not the bench's. Each side's
+    figures are over all its slices (`slices` lists each one's); the profiles, of its first."""
+    with contextlib.ExitStack() as stack:
+        runners: list[_ApiSide] = []
+        if "api" in sides:
+            runners.append(_PlatformApi(shipped, tokens, clients))
+        if "api-floor" in sides:
+            drained()  # the platform's worker done with earlier jobs: its CPU is not in the floor's figure
+            runners.append(stack.enter_context(_FloorApi(shipped, tokens, clients, concurrency, redis_url)))
+        for runner in runners:
+            runner.warm()
+        for index in range(slices):
+            for runner in runners if index % 2 == 0 else runners[::-1]:
+                for each in runners:  # no side's jobs still running in the other's slice
+                    each.settle()
+                runner.run_slice(seconds / slices, profile_dir if index == 0 else None)
+        return {runner.name: runner.result() for runner in runners}
 
 
 def processing_after(job_id: Any, sent: datetime) -> float:
@@ -1415,22 +1542,25 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
         if len(rounds) > 1:
             result["rounds"] = [round_summary(each) for each in rounds]
             print(rounds_text(result["rounds"]), flush=True)
-        if "api" in phases:
-            result["api"] = api_phase(shipped, client_keys(args.clients), args.api_seconds, args.clients, args.profile)
+        sides = api_phase(shipped, client_keys(args.clients), args.api_seconds, args.clients,
+                          phases & {"api", "api-floor"}, worker_concurrency, os.environ["REDIS_URL"],
+                          profile_dir=args.profile) if phases & {"api", "api-floor"} else {}
+        if "api" in sides:
+            result["api"] = sides["api"]
             api = result["api"]
             print(f"  API           {api['per_second']:8.1f} req/s  p50 {api['p50']} ms  p99 {api['p99']} ms  "
                   f"errors {api['errors']}  cpu {api['cpu_seconds']}  "
-                  f"over {SLOW_REQUEST_MS:.0f} ms {api['over_slow_ms']}, commits meanwhile {api['commit_probe_ms']}",
-                  flush=True)
-        if "api-floor" in phases:
-            result["api_floor"] = api_floor_phase(shipped, client_keys(args.clients), args.api_seconds, args.clients,
-                                                  worker_concurrency, os.environ["REDIS_URL"], args.profile)
+                  f"over {SLOW_REQUEST_MS:.0f} ms {api['over_slow_ms']}, commits meanwhile {api['commit_probe_ms']}"
+                  f"  slices (req/s, p99 ms): {slices_text(api)}", flush=True)
+        if "api-floor" in sides:
+            result["api_floor"] = sides["api-floor"]
             floor = result["api_floor"]
             print(f"  API floor     {floor['per_second']:8.1f} req/s  p50 {floor['p50']} ms  p99 {floor['p99']} ms  "
                   f"errors {floor['errors']}  cpu {floor['cpu_seconds']}  over {SLOW_REQUEST_MS:.0f} ms "
                   f"{floor['over_slow_ms']}, commits meanwhile {floor['commit_probe_ms']}  "
                   "(bare DRF + one INSERT + Celery's message, "
-                  f"the bare + SQL worker running them: {floor['jobs_run_during']} run)", flush=True)
+                  f"the bare + SQL worker running them: {floor['jobs_run_during']} run)"
+                  f"  slices (req/s, p99 ms): {slices_text(floor)}", flush=True)
         watcher = watcher_key() if phases & {"answer", "wake"} else ""
         if "answer" in phases:
             result["answer_to_processing_ms"] = answer_phase(shipped, token, watcher, args.resumes, args.profile)

@@ -1086,7 +1086,9 @@ class _FloorApi(_ApiSide):
         self.env = {**self.shipped.env, "DJANGO_SETTINGS_MODULE": "bench.api_settings", "PORT": str(port),
                     "BARE_CELERY_BROKER": self.redis_url}
         web = next(service for service in build_services(self.env) if service.name == "web")
-        self.server = subprocess.Popen(web.argv, cwd=BASE_DIR, env=self.env, stdout=subprocess.DEVNULL,
+        # From the virtualenv the platform's processes run from (build_services names this one's).
+        argv = [str(RUN_BIN / Path(web.argv[0]).name), *web.argv[1:]]
+        self.server = subprocess.Popen(argv, cwd=BASE_DIR, env=self.env, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL, start_new_session=True)
         self.stack.callback(self._stop_server)
         self.url = f"http://127.0.0.1:{port}"
@@ -1111,7 +1113,9 @@ class _FloorApi(_ApiSide):
         return {"web": tree_cpu_seconds(self.server.pid), "worker": tree_cpu_seconds(self.worker.pid)}
 
     def profiling(self, seconds: float, profile_dir: Path) -> list[tuple[str, Profile]]:
-        return [("profile_web", Profile(None, "web", seconds, profile_dir, name="api_floor_web", pid=self.server.pid))]
+        return [("profile_web", Profile(None, "web", seconds, profile_dir, name="api_floor_web", pid=self.server.pid)),
+                ("profile_worker", Profile(None, "worker", seconds, profile_dir, name="api_floor_worker",
+                                           pid=self.worker.pid))]
 
     def run_slice(self, seconds: float, profile_dir: Path | None) -> None:
         done_before = self.completed()

@@ -42,6 +42,8 @@ from django.conf import settings
 from django.db.backends.utils import CursorWrapper
 from django.utils.asyncio import async_unsafe
 
+from dbkit.conf import setting
+
 
 def _classes() -> tuple[Any, Any]:
     from django.db.backends.postgresql.base import CursorDebugWrapper, ServerBindingCursor
@@ -190,7 +192,7 @@ def prepared_fetch(connection: Any, sql: str, params: Any, *, one: bool = False)
         connection.close_if_health_check_failed()
         connection.ensure_connection()
         if (kept.raw is connection.connection and kept.timezone == connection.timezone
-                and getattr(settings, "DATABASE_PREPARED_STATEMENTS", True)):
+                and setting("DATABASE_PREPARED_STATEMENTS", True)):
             cursor = kept.cursors.get(sql)
     if cursor is None:
         with prepared_cursor(connection, sql) as wrapped:

@@ -19,6 +19,7 @@ from django.db.models import F, Func, JSONField, Value
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
+from dbkit.conf import setting
 from dbkit.inserts import compiled_insert, kept_insert, returned_into
 from dbkit.instances import column_converters, converted, instance_from_row
 from dbkit.per_connection import once_per_connection
@@ -280,7 +281,7 @@ def job_update_with_event(
         # `Model.__init__` per move: `dbkit.instances`).
         sql, parameters = _move_event_insert(connection, values, earlier_values)
         every = values if before is None else [*earlier_values, *values]
-        if settings.JOBS_CHECK_MOVE_STATEMENTS:
+        if setting("JOBS_CHECK_MOVE_STATEMENTS"):
             params = [prepared_checked(field, prepare, every[index], connection)
                       for index, field, prepare in parameters]
         else:

@@ -36,6 +36,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from dbkit.conf import setting
 from jobs.clock import db_now_plus
 from jobs.models import Job, status_among
 from jobs.redis_clients import redis_client
@@ -60,7 +61,7 @@ def lease_deadline() -> Any:
     """When a lease taken or renewed now expires: an expression of the database's clock (see
     `jobs.clock`), so that a reconciler on another host, whatever its own clock says, sees it
     expire exactly JOBS_LEASE_SECONDS after the write."""
-    return db_now_plus(settings.JOBS_LEASE_SECONDS)
+    return db_now_plus(setting("JOBS_LEASE_SECONDS"))
 
 
 def drain_key(hostname: str) -> str:

@@ -23,8 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.conf import settings
-
+from dbkit.conf import setting
 from jobs.events import STEP_NOT_DONE, RunLost, event_append, step_begin, step_checkpoint
 from jobs.models import Job
 from jobs.storable import json_refusal, storable_text
@@ -129,7 +128,7 @@ class JobContext:
         # heartbeat last wrote ends, in this process's time.monotonic().
         self.lost = False
         self.overdue = False  # the heartbeat found it about to outlive its lease (and stops it)
-        self.lease_until = time.monotonic() + settings.JOBS_LEASE_SECONDS
+        self.lease_until = time.monotonic() + setting("JOBS_LEASE_SECONDS")
         self.job_id = job.pk
         self.input = job.input
         self.attempt = job.attempts

@@ -44,7 +44,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import EmptyResultSet, FieldDoesNotExist, FullResultSet
 from django.db.models import F, Q, QuerySet, Value
 from django.db.models.expressions import Col, CombinedExpression, ExpressionWrapper
@@ -54,6 +53,7 @@ from django.db.models.lookups import Exact
 from django.db.models.sql.subqueries import UpdateQuery
 from django.db.models.sql.where import WhereNode
 
+from dbkit.conf import setting
 from dbkit.values import comparable, lookup_preparer, save_preparer, sql_literal
 from jobs.extensions import TransitionHook
 from jobs.models import Job, status_among
@@ -169,7 +169,7 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
             params[index:index + prepare] = fields[source].kept_params()
         else:  # a value written
             params[index] = prepare(fields[source], connection)
-    if settings.JOBS_CHECK_MOVE_STATEMENTS:
+    if setting("JOBS_CHECK_MOVE_STATEMENTS"):
         _check(rows, fields, connection, kept, params)
     return kept.sql, params
 

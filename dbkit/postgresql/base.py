@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db.backends.postgresql import base
 from psycopg_pool import ConnectionPool
 
+from dbkit.conf import setting
 from dbkit.pool import check_quietly
 
 try:
@@ -75,7 +76,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         values written in: 5 % of the web process's CPU per `POST /api/jobs/` under `make run`,
         whose web process has DEBUG. Here DEBUG records them only with DATABASE_RECORD_QUERIES;
         a test that captures them (`CaptureQueriesContext`, `assertNumQueries`) always does."""
-        return self.force_debug_cursor or (settings.DEBUG and getattr(settings, "DATABASE_RECORD_QUERIES", True))
+        return self.force_debug_cursor or (setting("DEBUG") and setting("DATABASE_RECORD_QUERIES", True))
 
     @property
     def pool(self) -> Any:

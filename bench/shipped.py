@@ -145,11 +145,18 @@ class CommitProbe:
         overlapping = [took for began, took in self.commits if began <= end and began + took >= start]
         return round(max(overlapping, default=0.0) * 1000, 1)
 
+    def took_ms(self) -> list[float]:
+        return [seconds * 1000 for _, seconds in self.commits]
+
     def summary(self) -> dict[str, Any]:
-        took = [seconds * 1000 for _, seconds in self.commits]
-        if not took:
-            return {}
-        return {**summary_ms(took), "over_50_ms": sum(1 for ms in took if ms > 50)}
+        return commits_summary(self.took_ms())
+
+
+def commits_summary(took_ms: list[float]) -> dict[str, Any]:
+    """The commit probe's figures over the commits that took `took_ms` (one probe's, or several's)."""
+    if not took_ms:
+        return {}
+    return {**summary_ms(took_ms), "over_50_ms": sum(1 for ms in took_ms if ms > 50)}
 
 
 class PgWaits:
@@ -966,8 +973,7 @@ def api_clients_run(url: str, tokens: list[str], seconds: float, clients: int, e
     slow = result.pop("slow_windows")
     stalled = sum(1 for sent, took in slow if probe.worst_ms(sent, sent + took / 1000) > SLOW_REQUEST_MS)
     result["over_slow_ms"] = {"requests": len(slow), "during_a_commit_stall": stalled}
-    result["commit_probe_ms"] = probe.summary()
-    result["commits_ms"] = [seconds * 1000 for _, seconds in probe.commits]
+    result["commits_ms"] = probe.took_ms()  # the figures are over a side's slices (`_ApiSide.result`)
     return result
 
 
@@ -981,8 +987,8 @@ class _ApiSide:
     name = ""
     path = "/api/jobs/"
 
-    def __init__(self, tokens: list[str], clients: int) -> None:
-        self.tokens, self.clients = tokens, clients
+    def __init__(self, tokens: list[str], clients: int, url: str = "", env: dict[str, str] | None = None) -> None:
+        self.tokens, self.clients, self.url, self.env = tokens, clients, url, env or {}
         self.latencies: list[float] = []
         self.commits: list[float] = []
         self.errors: dict[str, int] = {}
@@ -991,9 +997,6 @@ class _ApiSide:
         self.seconds = 0.0
         self.slices: list[dict[str, Any]] = []
         self.profiles: dict[str, Any] = {}
-
-    url = ""
-    env: dict[str, str] = {}
 
     def settle(self) -> None:
         """Wait until the jobs this side's requests submitted have run."""
@@ -1031,11 +1034,9 @@ class _ApiSide:
         self.slices.append({"per_second": result["per_second"], "p50": result["p50"], "p99": result["p99"]})
 
     def result(self) -> dict[str, Any]:
-        commits = ({**summary_ms(self.commits), "over_50_ms": sum(1 for ms in self.commits if ms > SLOW_REQUEST_MS)}
-                   if self.commits else {})
         return {"requests": len(self.latencies), "seconds": round(self.seconds, 2),
                 "per_second": round(len(self.latencies) / self.seconds, 1), **summary_ms(self.latencies),
-                "errors": self.errors, "over_slow_ms": self.slow, "commit_probe_ms": commits,
+                "errors": self.errors, "over_slow_ms": self.slow, "commit_probe_ms": commits_summary(self.commits),
                 "cpu_seconds": self.cpu, "slices": self.slices, **self.profiles}
 
 
@@ -1045,8 +1046,8 @@ class _PlatformApi(_ApiSide):
     name = "api"
 
     def __init__(self, shipped: Platform, tokens: list[str], clients: int) -> None:
-        super().__init__(tokens, clients)
-        self.shipped, self.url, self.env = shipped, shipped.url, shipped.env
+        super().__init__(tokens, clients, shipped.url, shipped.env)
+        self.shipped = shipped
 
     def settle(self) -> None:
         drained()

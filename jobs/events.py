@@ -13,7 +13,6 @@ from contextlib import AbstractContextManager, nullcontext
 from functools import cache, partial
 from typing import Any
 
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import F, Func, JSONField, Value
 from django.db.models.expressions import DatabaseDefault
@@ -123,7 +122,7 @@ def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
     # values are worked out (`dbkit.inserts`); the compiler's pass took about a twentieth of the web
     # process's CPU per `POST /api/jobs/` (bench/README.md, "The API's submit"). Under
     # JOBS_CHECK_MOVE_STATEMENTS (the test settings) the compiler builds it too, and they must agree.
-    kept = (kept_insert(connection, jobs[0], written, returning, check=settings.JOBS_CHECK_MOVE_STATEMENTS)
+    kept = (kept_insert(connection, jobs[0], written, returning, check=setting("JOBS_CHECK_MOVE_STATEMENTS"))
             if len(jobs) == 1 else None)
     insert_sql, insert_params = kept or compiled_insert(connection, Job, jobs, written, returning)
     if kept is None:

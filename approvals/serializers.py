@@ -68,7 +68,7 @@ class QuestionSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
         return question.asked_again_because or None
 
 
-class AnswerSerializer(serializers.Serializer):
+class AnswerSerializer(FieldsBuiltOnce, serializers.Serializer):
     """The body of `POST /api/questions/{id}/answer/`."""
 
     answer = AnyJSONField(allow_null=True, help_text="Any JSON; checked against the question's `schema`.")

@@ -193,7 +193,7 @@ class JobErrorSerializer(serializers.Serializer):
 
 class FieldsBuiltOnce:
     """For a serializer whose fields do not depend on the request: they are worked out once per
-    class, not for every response.
+    class, not for every response or request body.
 
     DRF builds a serializer's fields anew for each instance: it deep-copies the declared ones
     (each re-made from its arguments) and, for a ModelSerializer, builds the rest from the model.
@@ -282,7 +282,7 @@ class JobSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
         return [str(child.pk) for child in sorted(rows, key=lambda child: (child.created_at, str(child.pk)))]
 
 
-class JobSubmitSerializer(serializers.Serializer):
+class JobSubmitSerializer(FieldsBuiltOnce, serializers.Serializer):
     """The body of `POST /api/jobs/`."""
 
     kind = TextField(max_length=100, help_text="A registered kind (see `GET /api/job-kinds/`).")

@@ -16,14 +16,15 @@ converters, as `Model.save` does, and marks it saved.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from django.db.models import Model
+from django.db.models import DateField, DateTimeField, Field, Model
 from django.db.models.sql import InsertQuery
 
-from dbkit.instances import column_converters, converted
+from dbkit.instances import column_converters, converted, instance_from_row
 from dbkit.per_connection import once_per_connection
-from dbkit.values import comparable, save_preparer
+from dbkit.values import comparable, save_preparer, sql_literal
 
 
 def compiled_insert(connection: Any, model: type[Model], objs: list[Model], written: list, returning: list,
@@ -82,3 +83,130 @@ def returned_into(instance: Model, returning: list, values: Any, connection: Any
         setattr(instance, field.attname, converted(value, field, column_converters(connection, field), connection))
     instance._state.adding = False
     instance._state.db = using
+
+
+class NewRow:
+    """A new row of `model` whose instance this builds: one INSERT kept per connection, in which
+    the caller's values of the `given` fields are the parameters and every other column is what
+    `Model.__init__` and `Model.save` would write, worked out once:
+
+    - a field of `fixed` ({attname: value}, a plain immutable value): that value, written into
+      the text as a literal;
+    - a field with a constant default (not a callable, or `dict` / `list`): the default, a literal;
+    - a field with a database default, or the auto-incremented primary key: left to the
+      database, and returned;
+    - a field whose value is made for each row (a callable default: the primary key's `uuid4`; an
+      `auto_now_add` time, its `pre_save`): made here for each row, as Django makes it, and sent.
+
+    A field that `Model.save` would prepare some other way (its own `pre_save`) is refused when
+    the plan is made. The instance is built from those values without `Model.__init__`
+    (`dbkit.instances.instance_from_row`), its database defaults filled in from the statement's
+    RETURNING (`returned_into`). A submit's job was built through `Model.__init__` (a `get_default`
+    for each of its 28 fields), then each value was worked out (`pre_save`, a preparer) and sent as
+    one of 34 parameters; the floor's sends 3 (bench/README.md, "A new job's row"). With `check`
+    (the test settings), the instance is built through `Model.__init__` as well and Django's
+    compiler writes its INSERT: the two must agree, text and values, or AssertionError.
+    """
+
+    def __init__(self, model: type[Model], given: Sequence[str], fixed: Mapping[str, Any] | None = None) -> None:
+        self.model, self.given, self.fixed = model, tuple(given), dict(fixed or {})
+        self._key = f"_dbkit_new_row_{id(self)}"
+
+    def insert(self, connection: Any, using: str, values: Sequence[Any], *,
+               check: bool = False) -> tuple[str, list, Model, list]:
+        """The INSERT … RETURNING of a new row with the `given` fields' `values` (in `given`'s
+        order): its text (the same string each time), its parameters, the instance (to be marked
+        saved with what the statement returns: `returned_into(instance, returning, …)`) and the
+        `returning` fields (the primary key first)."""
+        plan = once_per_connection(connection, self._key, lambda: _NewRowPlan(self, connection))
+        row = list(plan.row)
+        for index, value in zip(plan.given_places, values, strict=True):
+            row[index] = value
+        for index, make in plan.fresh:
+            row[index] = make()
+        instance = instance_from_row(self.model, using, plan.attnames, row)
+        for index, field in plan.saved_now:
+            row[index] = field.pre_save(instance, True)
+        params = [prepare(row[index], connection) for index, prepare in plan.sent]
+        if check:
+            self._check(connection, plan, instance, row, params)
+        return plan.sql, params, instance, plan.returning
+
+    def _check(self, connection: Any, plan: _NewRowPlan, instance: Model, row: list, params: list) -> None:
+        # What `Model.__init__` makes of the same given, fixed and per-row values, its defaults its own.
+        built = self.model(**{plan.attnames[index]: row[index] for index in plan.chosen})
+        written = [field for field in self.model._meta.local_concrete_fields
+                   if not field.generated and field.attname not in plan.by_database]
+        built_sql, built_params = compiled_insert(connection, self.model, [built], written, plan.returning, raw=True)
+        ours = connection.ops.compose_sql(plan.sql, params)
+        theirs = connection.ops.compose_sql(built_sql, built_params)
+        if ours != theirs:
+            raise AssertionError(f"a new row's kept INSERT differs from the compiler's:\n{ours}\n{theirs}")
+        for name in plan.attnames:
+            if name not in plan.by_database and getattr(instance, name) != getattr(built, name):
+                raise AssertionError(f"a new row's {name} is {getattr(instance, name)!r}, "
+                                     f"Model.__init__ made {getattr(built, name)!r}")
+
+
+# The `pre_save`s that give the value the instance holds (a date's and a time's, but for
+# `auto_now` and `auto_now_add`, which `_NewRowPlan` takes apart).
+_PLAIN_PRE_SAVE = (Field.pre_save, DateField.pre_save, DateTimeField.pre_save)
+
+
+class _NewRowPlan:
+    """What `NewRow.insert` does for each row on one connection, worked out once."""
+
+    def __init__(self, new: NewRow, connection: Any) -> None:
+        meta = new.model._meta
+        self.attnames = [field.attname for field in meta.concrete_fields]
+        place = {name: index for index, name in enumerate(self.attnames)}
+        unknown = sorted((set(new.given) | set(new.fixed)) - set(place))
+        if unknown:
+            raise ValueError(f"{meta.label} has no concrete field {', '.join(unknown)}")
+        self.given_places = [place[name] for name in new.given]
+        self.row: list[Any] = [None] * len(self.attnames)
+        self.fresh: list[tuple[int, Callable[[], Any]]] = []  # (place, what makes its value) for each row
+        self.saved_now: list[tuple[int, Any]] = []  # (place, field) of `auto_now_add` times
+        self.sent: list[tuple[int, Callable[[Any, Any], Any]]] = []  # (place, preparer) of each parameter
+        self.by_database: set[str] = set()
+        self.chosen = [*self.given_places, *(place[name] for name in new.fixed)]  # and those made for each row
+        columns, written = [], []
+        for field in meta.local_concrete_fields:
+            if field.generated:
+                continue
+            name, index = field.attname, place[field.attname]
+            if name not in new.given and (field.has_db_default() or field is meta.auto_field):
+                self.by_database.add(name)
+                continue
+            columns.append(connection.ops.quote_name(field.column))
+            if name in new.given:
+                self._send(index, field, connection, written)
+            elif getattr(field, "auto_now_add", False) or getattr(field, "auto_now", False):
+                self.saved_now.append((index, field))
+                self.chosen.append(index)
+                self._send(index, field, connection, written)
+            elif type(field).pre_save not in _PLAIN_PRE_SAVE:
+                raise TypeError(f"{meta.label}.{name} is prepared by its own pre_save: give it")
+            elif name in new.fixed:
+                self.row[index] = new.fixed[name]
+                written.append(sql_literal(field.get_db_prep_save(new.fixed[name], connection), connection))
+            elif field.has_default() and callable(field.default) and field.default not in (dict, list):
+                self.fresh.append((index, field.get_default))
+                self.chosen.append(index)
+                self._send(index, field, connection, written)
+            else:
+                default = field.get_default()
+                if isinstance(default, dict | list):
+                    self.fresh.append((index, field.get_default))  # each instance its own
+                else:
+                    self.row[index] = default
+                written.append(sql_literal(field.get_db_prep_save(default, connection), connection))
+        self.returning = [meta.pk, *(field for field in meta.db_returning_fields if field is not meta.pk)]
+        self.sql = (f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({', '.join(columns)}) "
+                    f"VALUES ({', '.join(written)}) RETURNING "
+                    + ", ".join(f"{connection.ops.quote_name(meta.db_table)}.{connection.ops.quote_name(field.column)}"
+                                for field in self.returning))
+
+    def _send(self, index: int, field: Any, connection: Any, written: list) -> None:
+        self.sent.append((index, save_preparer(field, connection)))
+        written.append("%s")

@@ -19,7 +19,7 @@ from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
 from dbkit.conf import setting
-from dbkit.inserts import compiled_insert, kept_insert, returned_into
+from dbkit.inserts import NewRow, compiled_insert, returned_into
 from dbkit.instances import column_converters, converted, instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor, prepared_fetch
@@ -78,89 +78,112 @@ def events_record_first(*, jobs: list[Job]) -> list[JobEvent]:
     return events
 
 
-def job_create_with_first_event(job: Job) -> JobEvent:
-    """Insert the new `job` (made with `event_seq=1`) and its first event (`status pending`,
-    seq 1); push the event once the transaction commits. Fills in the job's database defaults,
-    as `save()` does. See `jobs_create_with_first_events`."""
-    return jobs_create_with_first_events([job])[0]
+# A new job's row, made by a submit or a spawn of one child: one INSERT kept per connection, whose
+# parameters are the columns these choose and the job's id and time; every other column is written
+# into its text (`dbkit.inserts.NewRow`).
+NEW_JOB_GIVEN = ("kind", "input", "owner_id", "idempotency_key", "max_attempts", "parent_id", "spawn_key")
+_NEW_JOB = NewRow(Job, given=NEW_JOB_GIVEN, fixed={"event_seq": 1})
+
+
+def job_create_with_first_event(*, kind: str, input: Any, max_attempts: int, owner_id: Any = None,
+                                idempotency_key: str | None = None, parent_id: Any = None,
+                                spawn_key: str | None = None) -> Job:
+    """Insert a new `pending` job and its first event (`status pending`, seq 1); push the event
+    once the transaction commits. Returns the job as `save()` leaves it, its database defaults
+    filled in. On PostgreSQL one statement, its text kept per connection, built without
+    `Model.__init__` (`NewRow`); elsewhere `save()` and the event's INSERT. Precondition: as for
+    `jobs_create_with_first_events`."""
+    using = Job.objects.db
+    connection = connections[using]
+    values = [kind, input, owner_id, idempotency_key, max_attempts, parent_id, spawn_key]
+    if connection.vendor != "postgresql":
+        job = Job(**dict(zip(NEW_JOB_GIVEN, values, strict=True)), event_seq=1)
+        job.save(force_insert=True)
+        event_record(job=job, type="status", status=Job.Status.PENDING)
+        return job
+    insert_sql, params, job, returning = _NEW_JOB.insert(connection, using, values,
+                                                         check=setting("JOBS_CHECK_MOVE_STATEMENTS"))
+    statements = once_per_connection(connection, "_taskplatform_one_job_statement", dict)
+    sql = statements.get(insert_sql)
+    if sql is None:  # the same string each time: its cursor keeps its adapters
+        sql = statements[insert_sql] = _with_first_events(connection, insert_sql, returning[1:])
+    now = timezone.now()  # host clock: an event's time is shown to people, never compared across hosts
+    params.append(_event_time(now, connection))
+    _first_events_saved([job], prepared_fetch(connection, sql, params), now, returning[1:], connection)
+    return job
 
 
 def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
     """Insert the new `jobs` (made with `event_seq=1`) and the first event of each (`status
     pending`, seq 1); push each event once the transaction commits. Fills in the jobs' database
-    defaults, as `save()` and `bulk_create()` do (it is their INSERT, built by Django's compiler).
+    defaults, as `bulk_create()` does (it is its INSERT, built by Django's compiler).
 
     On PostgreSQL the jobs' INSERT and the events' are one statement (the events' as a CTE over
-    the jobs'): under `one_statement_write`, a submit is one round trip instead of four (BEGIN,
-    two INSERTs, COMMIT), and a batch one statement. A column left to its database default
-    (`updated_at`) is left out of the INSERT rather than written as DEFAULT in every row, which
-    lets Django send many rows as one UNNEST of an array per column instead of a placeholder per
-    value (`manage.py submit --count`: two fifths of the batch's CPU). Elsewhere, `bulk_create`
-    and then the events' own INSERT. Precondition: as for `job_update_with_event`, the caller
-    holds a transaction or `one_statement_write`.
+    the jobs'): a batch is one statement. A column left to its database default (`updated_at`)
+    is left out of the INSERT rather than written as DEFAULT in every row, which lets Django send
+    many rows as one UNNEST of an array per column instead of a placeholder per value
+    (`manage.py submit --count`: two fifths of the batch's CPU). Elsewhere, `bulk_create` and then
+    the events' own INSERT. Precondition: as for `job_update_with_event`, the caller holds a
+    transaction or `one_statement_write`.
     """
     if not jobs:
         return []
     connection = connections[Job.objects.db]
     if connection.vendor != "postgresql":
-        if len(jobs) == 1:
-            jobs[0].save(force_insert=True)
-            return [event_record(job=jobs[0], type="status", status=Job.Status.PENDING)]
         Job.objects.bulk_create(jobs)
         return events_record_first(jobs=jobs)
     now = timezone.now()  # host clock: an event's time is shown to people, never compared across hosts
-    # Each first event made without `Model.__init__` (`dbkit.instances`), its id and job filled in below.
-    using = JobEvent.objects.db
-    events = [instance_from_row(JobEvent, using, _EVENT_ATTNAMES, [None, None, 1, "status", "", Job.Status.PENDING,
-                                                                   {}, now]) for _ in jobs]
     meta = Job._meta
     returned = [field for field in meta.db_returning_fields if field is not meta.pk]
     written = [field for field in meta.local_concrete_fields if not field.generated
                and not all(isinstance(getattr(job, field.attname), DatabaseDefault) for job in jobs)]
-    returning = [meta.pk, *returned]  # the pk for the events' rows
-    # One job's INSERT (an API submit) is kept per connection for the columns written: only its
-    # values are worked out (`dbkit.inserts`); the compiler's pass took about a twentieth of the web
-    # process's CPU per `POST /api/jobs/` (bench/README.md, "The API's submit"). Under
-    # JOBS_CHECK_MOVE_STATEMENTS (the test settings) the compiler builds it too, and they must agree.
-    kept = (kept_insert(connection, jobs[0], written, returning, check=setting("JOBS_CHECK_MOVE_STATEMENTS"))
-            if len(jobs) == 1 else None)
-    insert_sql, insert_params = kept or compiled_insert(connection, Job, jobs, written, returning)
-    if kept is None:
-        sql = _with_first_events(connection, insert_sql, returned)
-    else:  # one job's whole statement, the same string each time: its cursor keeps its adapters
-        statements = once_per_connection(connection, "_taskplatform_one_job_statement", dict)
-        sql = statements.get(insert_sql)
-        if sql is None:
-            sql = statements[insert_sql] = _with_first_events(connection, insert_sql, returned)
-    params = [*insert_params, *_event_params(events[0], _FIRST_EVENT_TAIL, connection)]
-    if kept is not None:
-        fetched = prepared_fetch(connection, sql, params)
-    else:  # a batch's text, whose length changes with the batch: not kept under its own text
-        with prepared_cursor(connection) as cursor:
-            cursor.execute(sql, params)
-            fetched = cursor.fetchall()
+    insert_sql, params = compiled_insert(connection, Job, jobs, written, [meta.pk, *returned])  # the pk: the events'
+    # A batch's text, whose length changes with the batch: not kept under its own text.
+    with prepared_cursor(connection) as cursor:
+        cursor.execute(_with_first_events(connection, insert_sql, returned), [*params, _event_time(now, connection)])
+        fetched = cursor.fetchall()
+    return _first_events_saved(jobs, fetched, now, returned, connection)
+
+
+def _first_events_saved(jobs: list[Job], fetched: list, now: Any, returned: list, connection: Any) -> list[JobEvent]:
+    """Each of `jobs` marked saved with what its statement (`_with_first_events`) returned, its
+    first event made from its row, without `Model.__init__` (`dbkit.instances`), and the events
+    pushed once the transaction commits."""
     rows = {row[0]: row[1:] for row in fetched}
-    for job, event in zip(jobs, events, strict=True):
+    using = JobEvent.objects.db
+    events = []
+    for job in jobs:
         *values, event_id, feed = rows[job.pk]  # a uuid column, read as the UUID the job holds
         # Nobody can follow a job before it is committed: its first event goes to the feed alone.
         job._followed = (False, feed)
         returned_into(job, returned, values, connection, Job.objects.db)
-        event.job_id = job.pk
-        _event_saved(event, event_id)
+        events.append(instance_from_row(JobEvent, using, _EVENT_ATTNAMES,
+                                        [event_id, job.pk, 1, "status", "", Job.Status.PENDING, {}, now]))
     transaction.on_commit(partial(events_publish, list(zip(jobs, events, strict=True))), robust=True)
     return events
 
 
-_FIRST_EVENT_TAIL = ["seq", "type", "step", "status", "message", "created_at"]
+def _event_time(now: Any, connection: Any) -> Any:
+    """An event's `created_at` as its INSERT sends it."""
+    prepare = once_per_connection(connection, "_taskplatform_event_time",
+                                  lambda: save_preparer(JobEvent._meta.get_field("created_at"), connection))
+    return prepare(now, connection)
+
+
+# A first event's columns after its job's id: constants, written into the statement's text, and its time.
+_FIRST_EVENT_CONSTANTS = {"seq": 1, "type": "status", "step": "", "status": Job.Status.PENDING.value, "message": {}}
 
 
 def _with_first_events(connection, insert_sql: str, returned: list) -> str:
-    """The jobs' INSERT with their first events' as a CTE over it, returning each job's id, its
-    `returned` columns, its event's id and whether the feed is followed (`jobs.followed`)."""
+    """The jobs' INSERT with their first events' as a CTE over it (the event's time its one
+    parameter), returning each job's id, its `returned` columns, its event's id and whether the
+    feed is followed (`jobs.followed`)."""
     quote = connection.ops.quote_name
     pk = quote(Job._meta.pk.column)
+    constants = ", ".join(sql_literal(JobEvent._meta.get_field(name).get_db_prep_save(value, connection), connection)
+                          for name, value in _FIRST_EVENT_CONSTANTS.items())
     return (f"WITH j AS ({insert_sql}), i AS ({_event_insert_prefix(connection)} "
-            f"SELECT j.{pk}, {', '.join(['%s'] * len(_FIRST_EVENT_TAIL))} FROM j RETURNING id, job_id) "
+            f"SELECT j.{pk}, {constants}, %s FROM j RETURNING id, job_id) "
             f"SELECT j.{pk}, {''.join(f'j.{quote(field.column)}, ' for field in returned)}i.id, "
             f"{feed_followed(connection)} FROM j JOIN i ON i.job_id = j.{pk}")
 

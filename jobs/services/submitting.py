@@ -57,9 +57,8 @@ def job_submit(
     keeps_caller_usable = idempotency_key is not None and transaction.get_connection().in_atomic_block
     try:
         with transaction.atomic() if keeps_caller_usable else one_statement_write():
-            job = Job(kind=kind, input=input, owner_id=owner_id, idempotency_key=idempotency_key,
-                      max_attempts=max_attempts, event_seq=1)
-            job_create_with_first_event(job)
+            job = job_create_with_first_event(kind=kind, input=input, owner_id=owner_id,
+                                              idempotency_key=idempotency_key, max_attempts=max_attempts)
             transaction.on_commit(lambda: transitions.job_dispatch(job=job), robust=True)
     except IntegrityError:
         # Two identical requests raced; the unique constraint let one through.

@@ -237,36 +237,41 @@ def test_a_condition_on_the_attempt_given_as_where_keeps_its_own_value(monkeypat
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement submit is PostgreSQL's")
-def test_one_jobs_insert_is_kept_and_still_checked_against_the_compiler(monkeypatch, settings):
+def test_a_new_jobs_insert_is_kept_and_still_checked_against_the_compiler(monkeypatch, settings, django_user_model):
     from unittest import mock
 
     from django.db import connections
     from django.db.models.sql.compiler import SQLInsertCompiler
 
+    from jobs.events import _NEW_JOB
     from jobs.models import JobEvent
 
     monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
+    owner = django_user_model.objects.create(username="kept-insert")
     job_submit(kind="demo.noop", input={})  # the first on this connection builds it
     settings.JOBS_CHECK_MOVE_STATEMENTS = False
-    with mock.patch.object(SQLInsertCompiler, "as_sql", side_effect=AssertionError("built again")):
-        job, _ = job_submit(kind="demo.sleep", input={"seconds": 0, "steps": 1})
+    # Neither the compiler nor `Model.__init__`: the kept text, and the job built from its values.
+    with mock.patch.object(SQLInsertCompiler, "as_sql", side_effect=AssertionError("built again")), \
+            mock.patch.object(Job, "__init__", side_effect=AssertionError("Model.__init__")):
+        job, _ = job_submit(kind="demo.sleep", input={"seconds": 0, "steps": 1}, owner=owner, idempotency_key="k")
     stored = Job.objects.get(pk=job.pk)
-    assert (stored.kind, stored.input, stored.status, stored.event_seq) == ("demo.sleep", {"seconds": 0, "steps": 1},
-                                                                            "pending", 1)
-    assert stored.created_at == job.created_at and stored.updated_at == job.updated_at is not None
-    assert list(JobEvent.objects.filter(job=job).values_list("seq", "status")) == [(1, "pending")]
+    assert (stored.kind, stored.input, stored.status, stored.event_seq, stored.owner_id, stored.idempotency_key) == (
+        "demo.sleep", {"seconds": 0, "steps": 1}, "pending", 1, owner.pk, "k")
+    assert stored.updated_at is not None and not job._state.adding and job._state.db == "default"
+    for field in Job._meta.concrete_fields:  # the instance holds what the row does, every column
+        assert getattr(job, field.attname) == getattr(stored, field.attname), field.attname
+    first = JobEvent.objects.get(job=job)
+    assert (first.seq, first.type, first.status, first.message) == (1, "status", "pending", {})
+    assert abs((first.created_at - job.created_at).total_seconds()) < 5
+    again, created = job_submit(kind="demo.sleep", input={"seconds": 0, "steps": 1}, owner=owner, idempotency_key="k")
+    assert (again.pk, created) == (job.pk, False)
 
     # A kept text that is not the compiler's is caught where the check is on (the test settings).
     settings.JOBS_CHECK_MOVE_STATEMENTS = True
-    wrapper = connections["default"]
-    from dbkit.inserts import KEPT
-
-    kept = wrapper.__dict__[KEPT]
-    for key in kept:
-        kept[key] = kept[key].replace('"kind"', '"kind" ', 1)
+    plan = connections["default"].__dict__[_NEW_JOB._key]
+    monkeypatch.setattr(plan, "sql", plan.sql.replace("'pending'", "'paused'", 1))
     with pytest.raises(AssertionError, match="differs from the compiler's"):
         job_submit(kind="demo.noop", input={})
-    wrapper.__dict__.pop(KEPT)
 
 
 def test_a_value_of_a_plain_type_is_a_parameter_and_a_subclass_is_looked_at():

@@ -9,6 +9,11 @@ answer's writes in one statement"). `kept_insert` has the compiler build a model
 values, as the compiler does (each field's `pre_save`, then its `get_db_prep_save`, through
 the field's kept preparer: `dbkit.values.save_preparer`). Under
 `check` (the test settings), the compiler builds it each time as well, and the two must agree.
+An answer's ledger row is written so, from the instance its caller built.
+
+`NewRow` goes further for a row whose instance it builds itself (a submit's job): only the
+columns its caller chooses are parameters, every other one is written into the kept text, and the
+instance is made without `Model.__init__` (bench/README.md, "A new job's row").
 
 `returned_into` puts what the statement returned into the instance, through the columns'
 converters, as `Model.save` does, and marks it saved.

@@ -13,7 +13,10 @@ An answer's ledger row is written so, from the instance its caller built.
 
 `NewRow` goes further for a row whose instance it builds itself (a submit's job): only the
 columns its caller chooses are parameters, every other one is written into the kept text, and the
-instance is made without `Model.__init__` (bench/README.md, "A new job's row").
+instance is made without `Model.__init__` (bench/README.md, "A new job's row"). Its `insert_many`
+writes many such rows in one statement (a batch submit's jobs): an array, unnested, for each
+column whose value differs from row to row, one parameter for each value the rows share
+(bench/README.md, "A batch's rows").
 
 `returned_into` puts what the statement returned into the instance, through the columns'
 converters, as `Model.save` does, and marks it saved.
@@ -137,6 +140,45 @@ class NewRow:
             self._check(connection, plan, instance, row, params)
         return plan.sql, params, instance, plan.returning
 
+    def insert_many(self, connection: Any, using: str, shared: Mapping[str, Any], each: Sequence[str],
+                    rows: Sequence[Sequence[Any]], *, check: bool = False) -> tuple[str, list, list[Model], list]:
+        """The INSERT … SELECT … FROM UNNEST(…) RETURNING of a new row for each of `rows`, on
+        PostgreSQL: `shared` holds the given fields whose value every row has (one parameter
+        each), `each` names the others, in the order of each row's values. Every column of a
+        field made for each row (the primary key's `uuid4`, an `auto_now_add` time) and of a field
+        of `each` is one array; the rest is written into the kept text, as for one row. Returns
+        the text (kept per connection for these names), its parameters, the instances (in the
+        rows' order; the statement returns its rows in no promised order: match them by primary
+        key) and the `returning` fields. With `check`, the first row is built and compiled as
+        `insert` checks one: every row is made by the same plan from its own values."""
+        plan = once_per_connection(connection, self._key, lambda: _NewRowPlan(self, connection))
+        each = tuple(each)
+        batch = plan.batches.get((tuple(shared), each))
+        if batch is None:
+            batch = plan.batches[(tuple(shared), each)] = _Batch(plan, self, tuple(shared), each, connection)
+        template = list(plan.row)
+        for index, value in zip(batch.shared_places, shared.values(), strict=True):
+            template[index] = value
+        instances = []
+        columns: list[list] = [[] for _ in batch.arrays]
+        for values in rows:
+            row = template.copy()
+            for index, value in zip(batch.each_places, values, strict=True):
+                row[index] = value
+            for index, make in plan.fresh:
+                row[index] = make()
+            instance = instance_from_row(self.model, using, plan.attnames, row)
+            for index, field in plan.saved_now:
+                row[index] = field.pre_save(instance, True)
+            for column, (index, prepare) in zip(columns, batch.arrays, strict=True):
+                column.append(prepare(row[index], connection))
+            if check and not instances:
+                self._check(connection, plan, instance, row,
+                            [prepare(row[index], connection) for index, prepare in plan.sent])
+            instances.append(instance)
+        params = [prepare(template[index], connection) for index, prepare in batch.scalars]
+        return batch.sql, [*params, *columns], instances, plan.returning
+
     def _check(self, connection: Any, plan: _NewRowPlan, instance: Model, row: list, params: list) -> None:
         # What `Model.__init__` makes of the same given, fixed and per-row values, its defaults its own.
         built = self.model(**{plan.attnames[index]: row[index] for index in plan.chosen})
@@ -175,7 +217,9 @@ class _NewRowPlan:
         self.sent: list[tuple[int, Callable[[Any, Any], Any]]] = []  # (place, preparer) of each parameter
         self.by_database: set[str] = set()
         self.chosen = [*self.given_places, *(place[name] for name in new.fixed)]  # and those made for each row
+        self.batches: dict[tuple, _Batch] = {}  # `NewRow.insert_many`'s texts, by its shared and each names
         columns, written = [], []
+        self.parts: list[tuple[str, int, Any]] = []  # (column, place, field) of each column written, in order
         for field in meta.local_concrete_fields:
             if field.generated:
                 continue
@@ -184,6 +228,7 @@ class _NewRowPlan:
                 self.by_database.add(name)
                 continue
             columns.append(connection.ops.quote_name(field.column))
+            self.parts.append((columns[-1], index, field))
             if name in new.given:
                 self._send(index, field, connection, written)
             elif getattr(field, "auto_now_add", False) or getattr(field, "auto_now", False):
@@ -206,12 +251,59 @@ class _NewRowPlan:
                 else:
                     self.row[index] = default
                 written.append(sql_literal(field.get_db_prep_save(default, connection), connection))
+        self.written = written  # each column's literal, or "%s" for a parameter
         self.returning = [meta.pk, *(field for field in meta.db_returning_fields if field is not meta.pk)]
-        self.sql = (f"INSERT INTO {connection.ops.quote_name(meta.db_table)} ({', '.join(columns)}) "
-                    f"VALUES ({', '.join(written)}) RETURNING "
-                    + ", ".join(f"{connection.ops.quote_name(meta.db_table)}.{connection.ops.quote_name(field.column)}"
-                                for field in self.returning))
+        table = connection.ops.quote_name(meta.db_table)
+        self.into = f"INSERT INTO {table} ({', '.join(columns)})"
+        self.returning_sql = " RETURNING " + ", ".join(f"{table}.{connection.ops.quote_name(field.column)}"
+                                                       for field in self.returning)
+        self.sql = f"{self.into} VALUES ({', '.join(written)}){self.returning_sql}"
 
     def _send(self, index: int, field: Any, connection: Any, written: list) -> None:
         self.sent.append((index, save_preparer(field, connection)))
         written.append("%s")
+
+
+class _Batch:
+    """`NewRow.insert_many`'s text on one connection for one split of the given fields into
+    `shared` and `each`: what its parameters are, in order (`scalars`: the shared values, each a
+    parameter cast to its column's type; `arrays`: a column's values over the rows, an array of
+    that type, unnested), worked out once."""
+
+    def __init__(self, plan: _NewRowPlan, new: NewRow, shared: tuple[str, ...], each: tuple[str, ...],
+                 connection: Any) -> None:
+        if connection.vendor != "postgresql":
+            raise NotImplementedError("NewRow.insert_many writes PostgreSQL's UNNEST")
+        unknown = sorted((set(shared) | set(each)) - set(new.given))
+        missing = sorted(set(new.given) - set(shared) - set(each))
+        if unknown or missing or set(shared) & set(each) or len(set(each)) != len(each):
+            raise ValueError(f"{new.model._meta.label}: each given field ({', '.join(new.given)}) is to be either "
+                             f"shared or in each row, once; shared: {', '.join(shared) or 'none'}; "
+                             f"each: {', '.join(each) or 'none'}")
+        place = {name: index for index, name in enumerate(plan.attnames)}
+        self.shared_places = [place[name] for name in shared]
+        self.each_places = [place[name] for name in each]
+        preparers = dict(plan.sent)
+        self.scalars: list[tuple[int, Any]] = []
+        self.arrays: list[tuple[int, Any]] = []
+        selected, unnested = [], []
+        shared_places = set(self.shared_places)
+        for (_column, index, field), literal in zip(plan.parts, plan.written, strict=True):
+            if literal != "%s":
+                selected.append(literal)
+                continue
+            # As Django's own UNNEST (its PostgreSQL insert compiler): the type without its size.
+            db_type = field.db_type(connection).split("(")[0]
+            if index in shared_places:
+                self.scalars.append((index, preparers[index]))
+                selected.append(f"(%s)::{db_type}")
+            else:
+                self.arrays.append((index, preparers[index]))
+                selected.append(f"r.c{len(unnested)}")
+                unnested.append(f"(%s)::{db_type}[]")
+        if not unnested:
+            raise ValueError(f"{new.model._meta.label}: no column differs from row to row")
+        names = ", ".join(f"c{number}" for number in range(len(unnested)))
+        self.sql = (f"{plan.into} SELECT {', '.join(selected)} FROM UNNEST({', '.join(unnested)}) AS r({names})"
+                    f"{plan.returning_sql}")
+

@@ -347,7 +347,7 @@ def broker_lost_its_data() -> bool:
 # step before Redis, as a template. That message and the next ones are the template with their
 # own ids, pushed onto the same key with the client kombu would use (its key prefix, its
 # Sentinels); a batch's go in one round trip. Anything that could make a message differ from
-# the template sends it through Celery instead (`_direct_allowed`).
+# the template sends it through Celery instead (`direct_allowed`).
 
 # Placeholders for the ids of a captured message (no two share a substring).
 _TEMPLATE_TASK_ID = "5ea7ba5e-0000-4000-8000-000000000001"
@@ -376,7 +376,7 @@ class _Template:
 _templates: dict[tuple, _Template | None] = {}
 
 
-def _direct_allowed(task: Any) -> bool:
+def direct_allowed(task: Any) -> bool:
     """Whether a `task` message may be sent from a template: not in eager mode, not with Flower's
     task-sent events on, not from inside a worker's task (Celery then names the parent and root
     task in the message), and with nobody listening to Celery's publish signals (a tracer that
@@ -411,12 +411,16 @@ def _captured(task: Any, producer: Any, options: dict[str, Any]) -> _Template | 
     return _Template(key, message)
 
 
-def run_message_render(task: Any, job_id: str, options: dict[str, Any]) -> tuple[str, str] | None:
+def run_message_render(task: Any, job_id: str, options: dict[str, Any],
+                       allowed: bool | None = None) -> tuple[str, str] | None:
     """The Redis key and the text of the `task` message (`jobs.run`) that runs `job_id` with these
     `apply_async` options (the shadow name, the queue, the time limits), as Celery would have
-    pushed it; None when Celery must send it itself (see `_direct_allowed`; a countdown is
-    Celery's)."""
-    if "countdown" in options or "producer" in options or not _direct_allowed(task):
+    pushed it; None when Celery must send it itself (see `direct_allowed`; a countdown is
+    Celery's). `allowed`: `direct_allowed(task)` as the caller found it for a batch of messages
+    (each asks Celery's configuration twice: a sixth of a batch's dispatch)."""
+    if "countdown" in options or "producer" in options:
+        return None
+    if not (direct_allowed(task) if allowed is None else allowed):
         return None
     shape = (os.getpid(), task.name, tuple(sorted(options.items())))
     template = _templates.get(shape, False)

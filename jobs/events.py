@@ -9,17 +9,17 @@ scheduled only after that transaction commits.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from functools import cache, partial
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import F, Func, JSONField, Value
-from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
 from dbkit.conf import setting
-from dbkit.inserts import NewRow, compiled_insert, returned_into
+from dbkit.inserts import NewRow, returned_into
 from dbkit.instances import column_converters, converted, instance_from_row
 from dbkit.per_connection import once_per_connection
 from dbkit.prepared import prepared_cursor, prepared_fetch
@@ -103,46 +103,48 @@ def job_create_with_first_event(*, kind: str, input: Any, max_attempts: int, own
         return job
     insert_sql, params, job, returning = _NEW_JOB.insert(connection, using, values,
                                                          check=setting("JOBS_CHECK_MOVE_STATEMENTS"))
-    statements = once_per_connection(connection, "_taskplatform_one_job_statement", dict)
-    sql = statements.get(insert_sql)
-    if sql is None:  # the same string each time: its cursor keeps its adapters
-        sql = statements[insert_sql] = _with_first_events(connection, insert_sql, returning[1:])
+    sql = _kept_with_first_events(connection, insert_sql, returning[1:])
     now = timezone.now()  # host clock: an event's time is shown to people, never compared across hosts
     params.append(_event_time(now, connection))
     _first_events_saved([job], prepared_fetch(connection, sql, params), now, returning[1:], connection)
     return job
 
 
-def jobs_create_with_first_events(jobs: list[Job]) -> list[JobEvent]:
-    """Insert the new `jobs` (made with `event_seq=1`) and the first event of each (`status
-    pending`, seq 1); push each event once the transaction commits. Fills in the jobs' database
-    defaults, as `bulk_create()` does (it is its INSERT, built by Django's compiler).
+def jobs_create_with_first_events(*, shared: dict[str, Any], each: Sequence[str],
+                                  rows: Sequence[Sequence[Any]]) -> list[Job]:
+    """Insert a new `pending` job for each of `rows` and the first event of each (`status
+    pending`, seq 1); push each event once the transaction commits. Returns the jobs as `save()`
+    leaves them, their database defaults filled in, in the rows' order. The fields of
+    `NEW_JOB_GIVEN` are each either in `shared` (the value every job has) or named in `each`
+    (each row's values, in that order).
 
     On PostgreSQL the jobs' INSERT and the events' are one statement (the events' as a CTE over
-    the jobs'): a batch is one statement. A column left to its database default (`updated_at`)
-    is left out of the INSERT rather than written as DEFAULT in every row, which lets Django send
-    many rows as one UNNEST of an array per column instead of a placeholder per value
-    (`manage.py submit --count`: two fifths of the batch's CPU). Elsewhere, `bulk_create` and then
-    the events' own INSERT. Precondition: as for `job_update_with_event`, the caller holds a
+    the jobs'): a batch is one statement, its text kept per connection for these names. Only what
+    differs from job to job goes as an array, one per column (the job's id, its time and `each`),
+    the values every job shares as one parameter each, the rest written into the text
+    (`dbkit.inserts.NewRow.insert_many`); the jobs are built without `Model.__init__`
+    (`manage.py submit --count`: bench/README.md, "A batch's rows"). Elsewhere, `bulk_create` and
+    then the events' own INSERT. Precondition: as for `job_update_with_event`, the caller holds a
     transaction or `one_statement_write`.
     """
-    if not jobs:
+    if not rows:
         return []
-    connection = connections[Job.objects.db]
+    using = Job.objects.db
+    connection = connections[using]
     if connection.vendor != "postgresql":
+        jobs = [Job(**shared, **dict(zip(each, values, strict=True)), event_seq=1) for values in rows]
         Job.objects.bulk_create(jobs)
-        return events_record_first(jobs=jobs)
+        events_record_first(jobs=jobs)
+        return jobs
+    insert_sql, params, jobs, returning = _NEW_JOB.insert_many(connection, using, shared, each, rows,
+                                                               check=setting("JOBS_CHECK_MOVE_STATEMENTS"))
+    sql = _kept_with_first_events(connection, insert_sql, returning[1:])
     now = timezone.now()  # host clock: an event's time is shown to people, never compared across hosts
-    meta = Job._meta
-    returned = [field for field in meta.db_returning_fields if field is not meta.pk]
-    written = [field for field in meta.local_concrete_fields if not field.generated
-               and not all(isinstance(getattr(job, field.attname), DatabaseDefault) for job in jobs)]
-    insert_sql, params = compiled_insert(connection, Job, jobs, written, [meta.pk, *returned])  # the pk: the events'
-    # A batch's text, whose length changes with the batch: not kept under its own text.
     with prepared_cursor(connection) as cursor:
-        cursor.execute(_with_first_events(connection, insert_sql, returned), [*params, _event_time(now, connection)])
+        cursor.execute(sql, [*params, _event_time(now, connection)])
         fetched = cursor.fetchall()
-    return _first_events_saved(jobs, fetched, now, returned, connection)
+    _first_events_saved(jobs, fetched, now, returning[1:], connection)
+    return jobs
 
 
 def _first_events_saved(jobs: list[Job], fetched: list, now: Any, returned: list, connection: Any) -> list[JobEvent]:
@@ -172,6 +174,16 @@ def _event_time(now: Any, connection: Any) -> Any:
 
 # A first event's columns after its job's id: constants, written into the statement's text, and its time.
 _FIRST_EVENT_CONSTANTS = {"seq": 1, "type": "status", "step": "", "status": Job.Status.PENDING.value, "message": {}}
+
+
+def _kept_with_first_events(connection, insert_sql: str, returned: list) -> str:
+    """`_with_first_events` of a kept INSERT's text (`NewRow`'s), kept per connection with it:
+    the same string each time, whose cursor keeps its adapters."""
+    statements = once_per_connection(connection, "_taskplatform_new_job_statements", dict)
+    sql = statements.get(insert_sql)
+    if sql is None:
+        sql = statements[insert_sql] = _with_first_events(connection, insert_sql, returned)
+    return sql
 
 
 def _with_first_events(connection, insert_sql: str, returned: list) -> str:

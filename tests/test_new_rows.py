@@ -7,6 +7,8 @@ import uuid
 from unittest import mock
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db import connections
 from django.db.models import CharField
 
@@ -82,3 +84,93 @@ def test_what_the_compiler_would_not_write_is_caught_under_check(monkeypatch):
                                       for name, value in zip(plan.attnames, plan.row, strict=True)])
     with pytest.raises(AssertionError, match="worker is 'wrong', Model.__init__ made ''"):
         new.insert(connection, "default", ["demo.noop"], check=True)
+
+
+# Many rows at once: `NewRow.insert_many`.
+
+JOB_GIVEN = ("kind", "input", "owner_id", "max_attempts")
+
+
+def written_many(new: NewRow, shared: dict, each: tuple, rows: list, *, check: bool = True):
+    """The rows written by `new`'s batch statement and their instances, marked saved as the caller does."""
+    connection = connections["default"]
+    sql, params, instances, returning = new.insert_many(connection, "default", shared, each, rows, check=check)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        returned = {row[0]: row for row in cursor.fetchall()}
+    for instance in instances:
+        returned_into(instance, returning, returned[instance.pk], connection, "default")
+    return sql, params, instances
+
+
+def test_a_batchs_rows_are_what_bulk_create_writes_for_the_same_values():
+    owner = get_user_model().objects.create_user("batch-owner")
+    inputs = [{}, {"n": 1, "text": "it's \"quoted\" %s", "nested": [1, {"a": None}]}, {"ü": "é"}, {}]
+    new = NewRow(Job, given=JOB_GIVEN)
+    _, _, ours = written_many(new, {"kind": "demo.sleep", "owner_id": owner.pk, "max_attempts": 7}, ("input",),
+                              [(value,) for value in inputs])
+    theirs = Job.objects.bulk_create([Job(kind="demo.sleep", owner_id=owner.pk, max_attempts=7, input=value)
+                                      for value in inputs])
+    assert [job.input for job in ours] == inputs  # in the rows' order
+    assert len({job.pk for job in ours}) == len(inputs)
+    for one, other in zip(ours, theirs, strict=True):
+        stored, expected = Job.objects.get(pk=one.pk), Job.objects.get(pk=other.pk)
+        for field in Job._meta.concrete_fields:
+            if field.attname in ("id", "created_at", "updated_at"):
+                continue
+            assert getattr(stored, field.attname) == getattr(expected, field.attname), field.attname
+            assert getattr(one, field.attname) == getattr(stored, field.attname), field.attname
+        assert one.created_at == stored.created_at and one.updated_at == stored.updated_at
+        assert not one._state.adding
+
+
+def test_a_batch_sends_an_array_only_for_what_differs_from_row_to_row():
+    new = NewRow(Job, given=JOB_GIVEN)
+    shared = {"kind": "demo.noop", "owner_id": None, "max_attempts": 3}
+    sql, params, jobs = written_many(new, shared, ("input",), [({"a": index},) for index in range(5)])
+    # The three shared values (in the columns' order), then the id's, the input's and the time's
+    # arrays (nothing else).
+    assert params[:3] == ["demo.noop", 3, None] and [len(array) for array in params[3:]] == [5, 5, 5]
+    assert "UNNEST(" in sql and "'pending'" in sql and "'{}'::jsonb" in sql
+    again, _, _ = written_many(new, shared, ("input",), [({},)], check=False)
+    assert again is sql  # kept for these names on this connection
+    other, other_params, _ = written_many(new, {"owner_id": None, "max_attempts": 3}, ("kind", "input"),
+                                          [("demo.noop", {}), ("demo.sleep", {})])
+    assert other != sql and [len(array) for array in other_params[2:]] == [2, 2, 2, 2]
+    assert Job.objects.filter(pk__in=[job.pk for job in jobs], kind="demo.noop", max_attempts=3).count() == 5
+
+
+def test_each_row_of_a_batch_has_its_own_key_and_its_own_mutable_defaults():
+    _, _, jobs = written_many(NewRow(Job, given=("kind",)), {}, ("kind",), [("demo.noop",), ("demo.noop",)])
+    one, two = jobs
+    assert one.pk != two.pk and one.checkpoint is not two.checkpoint and one.input is not two.input
+    one.checkpoint["changed"] = True
+    assert two.checkpoint == {} and Job.objects.get(pk=two.pk).checkpoint == {}
+
+
+@pytest.mark.parametrize(("shared", "each", "message"), [
+    ({"kind": "demo.noop"}, ("input",), "shared: kind; each: input"),  # owner_id, max_attempts: neither
+    ({"kind": "demo.noop", "input": {}, "owner_id": None}, ("input", "max_attempts"), "input"),  # input: both
+    ({"kind": "x", "owner_id": None, "max_attempts": 1, "worker": ""}, ("input",), "worker"),  # not given
+    ({"kind": "x", "owner_id": None}, ("input", "max_attempts", "input"), "each: input, max_attempts, input"),
+])
+def test_a_batch_whose_names_do_not_split_the_given_fields_is_refused(shared, each, message):
+    with pytest.raises(ValueError, match="each given field .* is to be either shared or in each row, once") as caught:
+        NewRow(Job, given=JOB_GIVEN).insert_many(connections["default"], "default", shared, each, [])
+    assert message in str(caught.value)
+
+
+def test_a_batch_with_nothing_that_differs_from_row_to_row_is_refused():
+    with pytest.raises(ValueError, match="auth.Group: no column differs from row to row"):
+        NewRow(Group, given=("name",)).insert_many(connections["default"], "default", {"name": "one"}, (), [(), ()])
+
+
+def test_what_the_compiler_would_not_write_in_a_batch_is_caught_under_check(monkeypatch):
+    new = NewRow(Job, given=("kind",))
+    connection = connections["default"]
+    new.insert_many(connection, "default", {}, ("kind",), [("demo.noop",)])
+    plan = connection.__dict__[new._key]
+    monkeypatch.setattr(plan, "row", [("wrong" if name == "worker" else value)
+                                      for name, value in zip(plan.attnames, plan.row, strict=True)])
+    with pytest.raises(AssertionError, match="worker is 'wrong', Model.__init__ made ''"):
+        new.insert_many(connection, "default", {}, ("kind",), [("demo.noop",)], check=True)

@@ -81,12 +81,10 @@ def children_spawn(
                 created = [job_create_with_first_event(kind=kind, input=value, owner_id=parent.owner_id,
                                                        parent_id=parent.pk, spawn_key=key, max_attempts=budgets[kind])]
             else:
-                created = [
-                    Job(kind=kind, input=value, owner_id=parent.owner_id, parent_id=parent.pk, spawn_key=key,
-                        max_attempts=budgets[kind], event_seq=1)
-                    for key, kind, value in missing
-                ]
-                jobs_create_with_first_events(created)
+                created = jobs_create_with_first_events(
+                    shared={"owner_id": parent.owner_id, "idempotency_key": None, "parent_id": parent.pk},
+                    each=("kind", "input", "max_attempts", "spawn_key"),
+                    rows=[(kind, value, budgets[kind], key) for key, kind, value in missing])
             transitions.jobs_dispatch_after_commit(created)
     except IntegrityError:
         # Another delivery of the same run spawned them first (the unique key per parent).

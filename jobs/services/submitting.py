@@ -89,9 +89,10 @@ def jobs_submit_many(*, kind: str, inputs: list[dict[str, Any]], owner: Any = No
     owner_id = getattr(owner, "pk", owner)
     max_attempts = attempt_budget(kind)
     with transaction.atomic():
-        jobs = [Job(kind=kind, input=value, owner_id=owner_id, max_attempts=max_attempts, event_seq=1)
-                for value in inputs]
-        jobs_create_with_first_events(jobs)
+        jobs = jobs_create_with_first_events(
+            shared={"kind": kind, "owner_id": owner_id, "idempotency_key": None, "max_attempts": max_attempts,
+                    "parent_id": None, "spawn_key": None},
+            each=("input",), rows=[(value,) for value in inputs])
         transitions.jobs_dispatch_after_commit(jobs)  # their messages go out together after the commit
     # A batch into young tables: their statistics taken again now, before the workers run these
     # jobs on plans made for a table of a few rows (jobs.services.reconciling).

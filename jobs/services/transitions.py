@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from jobs.broker import (
+    direct_allowed,
     dispatch_mark,
     dispatch_marks_held,
     dispatch_marks_together,
@@ -239,15 +240,15 @@ def dispatch_batch() -> Iterator[None]:
             logger.warning("no producer for a batch of dispatches: %s: %s", type(exc).__name__, exc)
             stack.close()
             producer = None
-        _batch.producer, _batch.rendered = producer, []
+        from jobs.tasks import job_run  # the tasks module imports the services: bind late
+
+        _batch.producer, _batch.rendered, _batch.direct = producer, [], direct_allowed(job_run)
         try:
             yield
             if _batch.rendered:  # inside the held marks: a push that fails writes none
-                from jobs.tasks import job_run  # the tasks module imports the services: bind late
-
                 run_messages_push(job_run, _batch.rendered)
         finally:
-            _batch.producer = _batch.rendered = None
+            _batch.producer = _batch.rendered = _batch.direct = None
 
 
 def _pooled_producer() -> AbstractContextManager:
@@ -283,7 +284,7 @@ def job_dispatch(*, job: Job, countdown: float | None = None) -> None:
     marked = False
     try:
         if rendered is not None:  # in a batch: pushed with the batch's others, at its end
-            message = run_message_render(job_run, str(job.pk), options)
+            message = run_message_render(job_run, str(job.pk), options, allowed=_batch.direct)
             if message is not None:
                 rendered.append(message)
             sent = message is not None

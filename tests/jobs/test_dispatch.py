@@ -386,6 +386,42 @@ def test_a_batchs_messages_reach_the_broker_together_when_the_batch_ends(django_
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("sent_events", [False, True])
+def test_a_batch_asks_celerys_configuration_once_and_each_message_follows_it(
+    django_capture_on_commit_callbacks, monkeypatch, sent_events
+):
+    """Whether a message may be sent from its template (`jobs.broker.direct_allowed`) is asked
+    once a batch, and the answer holds for each of its messages: with Flower's task-sent events
+    on (WORKER_TASK_EVENTS=true), every one goes through Celery."""
+    from jobs.tasks import job_run
+
+    forget_every_message()
+    asked, allowed = [], []
+    real_allowed, real_render = transitions.direct_allowed, transitions.run_message_render
+    monkeypatch.setattr(transitions, "direct_allowed", lambda task: asked.append(task) or real_allowed(task))
+
+    def render(task, job_id, options, **kwargs):
+        allowed.append(kwargs.get("allowed"))
+        return real_render(task, job_id, options, **kwargs)
+
+    monkeypatch.setattr(transitions, "run_message_render", render)
+    with django_capture_on_commit_callbacks(execute=True):
+        jobs_submit_many(kind="demo.noop", inputs=[{}])  # the message's template made (through Celery)
+    del asked[:], allowed[:]
+    task, before = job_run._get_current_object(), job_run.app.conf.task_send_sent_event
+    job_run.app.conf.task_send_sent_event = sent_events
+    try:
+        with mock.patch.object(task, "apply_async", wraps=task.apply_async) as through_celery:
+            with django_capture_on_commit_callbacks(execute=True):
+                jobs_submit_many(kind="demo.noop", inputs=[{}] * 5)
+    finally:
+        job_run.app.conf.task_send_sent_event = before
+    assert len(asked) == 1 and allowed == [not sent_events] * 5
+    assert through_celery.call_count == (5 if sent_events else 0)
+    assert job_messages() == 6
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("through", ["templates", "celery"])
 def test_a_batch_that_does_not_reach_the_broker_leaves_its_jobs_to_the_reconciler(
     django_capture_on_commit_callbacks, settings, caplog, through
@@ -400,7 +436,7 @@ def test_a_batch_that_does_not_reach_the_broker_leaves_its_jobs_to_the_reconcile
             failing.enter_context(mock.patch("jobs.broker.RedisChannel.conn_or_acquire",
                                              side_effect=redis.ConnectionError("Redis went away")))
             failing.enter_context(mock.patch("jobs.services.transitions.run_message_render",
-                                             side_effect=lambda task, job_id, options: ("jobs", job_id)))
+                                             side_effect=lambda task, job_id, options, **_: ("jobs", job_id)))
         else:
             failing.enter_context(mock.patch("jobs.services.transitions.run_message_render", return_value=None))
             failed = BatchPublishError("Redis publish batch failed; delivery is uncertain")

@@ -80,8 +80,10 @@ def _scans_of_checks(conn, job_ids: list) -> tuple[int, int]:
 
 def _grow_without_statistics(count: int) -> list:
     """`count` pending jobs written as the batch submit writes them, minus its statistics."""
-    jobs = [Job(kind="demo.noop", input={}, max_attempts=1, event_seq=1) for _ in range(count)]
-    jobs_create_with_first_events(jobs)
+    jobs = jobs_create_with_first_events(
+        shared={"kind": "demo.noop", "owner_id": None, "idempotency_key": None, "max_attempts": 1, "parent_id": None,
+                "spawn_key": None},
+        each=("input",), rows=[({},)] * count)
     with connection.cursor() as cursor:
         # The activity counters the reconciler reads, as the writers' connections send them within
         # a second of going idle; here at once.

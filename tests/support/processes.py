@@ -63,6 +63,7 @@ class ManagedProcess:
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
         self._ready = threading.Event()
+        self._pumping: threading.Thread | None = None
 
     def start(self, timeout: float = 60.0) -> ManagedProcess:
         self.lines = []
@@ -76,7 +77,8 @@ class ManagedProcess:
             text=True,
             start_new_session=True,  # its own group: a stop reaches the pool's children too
         )
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pumping = threading.Thread(target=self._pump, daemon=True)
+        self._pumping.start()
         if self.ready_marker:
             self.wait_for_output(self.ready_marker, timeout=timeout)
         return self
@@ -133,6 +135,9 @@ class ManagedProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        # Every line it wrote read before a test looks at `lines` (the pipe ends once the group is gone).
+        if self._pumping is not None:
+            self._pumping.join(timeout=5)
 
 
 def celery_worker(*, concurrency: int = 2, queues: str | None = None, extra_args: list[str] | None = None,

@@ -127,14 +127,7 @@ class NewRow:
         saved with what the statement returns: `returned_into(instance, returning, …)`) and the
         `returning` fields (the primary key first)."""
         plan = once_per_connection(connection, self._key, lambda: _NewRowPlan(self, connection))
-        row = list(plan.row)
-        for index, value in zip(plan.given_places, values, strict=True):
-            row[index] = value
-        for index, make in plan.fresh:
-            row[index] = make()
-        instance = instance_from_row(self.model, using, plan.attnames, row)
-        for index, field in plan.saved_now:
-            row[index] = field.pre_save(instance, True)
+        row, instance = plan.made(using, plan.row, plan.given_places, values)
         params = [prepare(row[index], connection) for index, prepare in plan.sent]
         if check:
             self._check(connection, plan, instance, row, params)
@@ -162,14 +155,7 @@ class NewRow:
         instances = []
         columns: list[list] = [[] for _ in batch.arrays]
         for values in rows:
-            row = template.copy()
-            for index, value in zip(batch.each_places, values, strict=True):
-                row[index] = value
-            for index, make in plan.fresh:
-                row[index] = make()
-            instance = instance_from_row(self.model, using, plan.attnames, row)
-            for index, field in plan.saved_now:
-                row[index] = field.pre_save(instance, True)
+            row, instance = plan.made(using, template, batch.each_places, values)
             for column, (index, prepare) in zip(columns, batch.arrays, strict=True):
                 column.append(prepare(row[index], connection))
             if check and not instances:
@@ -205,6 +191,7 @@ class _NewRowPlan:
 
     def __init__(self, new: NewRow, connection: Any) -> None:
         meta = new.model._meta
+        self.model = new.model
         self.attnames = [field.attname for field in meta.concrete_fields]
         place = {name: index for index, name in enumerate(self.attnames)}
         unknown = sorted((set(new.given) | set(new.fixed)) - set(place))
@@ -258,6 +245,19 @@ class _NewRowPlan:
         self.returning_sql = " RETURNING " + ", ".join(f"{table}.{connection.ops.quote_name(field.column)}"
                                                        for field in self.returning)
         self.sql = f"{self.into} VALUES ({', '.join(written)}){self.returning_sql}"
+
+    def made(self, using: str, template: list, places: list[int], values: Sequence[Any]) -> tuple[list, Model]:
+        """A row: `template` with `values` at `places`, and the values made for each row (a
+        primary key's `uuid4`, a mutable default, an `auto_now_add` time); and its instance."""
+        row = list(template)
+        for index, value in zip(places, values, strict=True):
+            row[index] = value
+        for index, make in self.fresh:
+            row[index] = make()
+        instance = instance_from_row(self.model, using, self.attnames, row)
+        for index, field in self.saved_now:
+            row[index] = field.pre_save(instance, True)
+        return row, instance
 
     def _send(self, index: int, field: Any, connection: Any, written: list) -> None:
         self.sent.append((index, save_preparer(field, connection)))

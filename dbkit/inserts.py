@@ -24,6 +24,7 @@ converters, as `Model.save` does, and marks it saved.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -93,6 +94,9 @@ def returned_into(instance: Model, returning: list, values: Any, connection: Any
     instance._state.db = using
 
 
+_new_rows = itertools.count()
+
+
 class NewRow:
     """A new row of `model` whose instance this builds: one INSERT kept per connection, in which
     the caller's values of the `given` fields are the parameters and every other column is what
@@ -118,7 +122,8 @@ class NewRow:
 
     def __init__(self, model: type[Model], given: Sequence[str], fixed: Mapping[str, Any] | None = None) -> None:
         self.model, self.given, self.fixed = model, tuple(given), dict(fixed or {})
-        self._key = f"_dbkit_new_row_{id(self)}"
+        # Its plans' name on each connection: never another's, as an `id()` may be once this one is gone.
+        self._key = f"_dbkit_new_row_{next(_new_rows)}"
 
     def insert(self, connection: Any, using: str, values: Sequence[Any], *,
                check: bool = False) -> tuple[str, list, Model, list]:

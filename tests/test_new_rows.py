@@ -174,3 +174,10 @@ def test_what_the_compiler_would_not_write_in_a_batch_is_caught_under_check(monk
                                       for name, value in zip(plan.attnames, plan.row, strict=True)])
     with pytest.raises(AssertionError, match="worker is 'wrong', Model.__init__ made ''"):
         new.insert_many(connection, "default", {}, ("kind",), [("demo.noop",)], check=True)
+
+
+def test_a_plan_is_never_one_left_on_the_connection_by_an_earlier_new_row():
+    # An earlier `NewRow` gone, a new one may take its `id()`: it must not take its plan too.
+    for status in ("pending", "waiting", "paused") * 4:
+        _, _, job = written(NewRow(Job, given=("kind",), fixed={"status": status}), ["demo.noop"])
+        assert job.status == status

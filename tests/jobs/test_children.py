@@ -218,3 +218,27 @@ def test_cancelling_a_parent_while_its_children_end_never_deadlocks(round_, only
     assert all(error is None or "InvalidTransition" in type(error).__name__ for error in errors), errors
     assert Job.objects.get(pk=parent.pk).status == S.CANCELLED
     assert all(child.status in (S.COMPLETED, S.CANCELLED) for child in children_of(parent))
+
+
+@pytest.mark.django_db
+def test_children_of_several_kinds_spawned_at_once_are_each_their_own():
+    """A spawn of several children is one statement (`jobs.events.jobs_create_with_first_events`):
+    each child's kind, input, attempt budget and key are its own, its parent and owner the parent's."""
+    from jobs.models import JobEvent
+    from jobs.services.family import children_spawn
+    from jobs.services.submitting import attempt_budget
+
+    owner = make_user("family-owner")
+    submitted, _ = job_submit(kind="demo.noop", input={}, owner=owner)
+    parent = job_claim(job_id=submitted.pk, worker="w")
+    specs = [("a", "demo.noop", {}), ("b", "test.crash", {"n": 1}), ("c", "demo.noop", {"text": "it's"})]
+    children = children_spawn(parent=parent, run_attempt=parent.attempts, step="family", specs=specs)
+    assert [(child.spawn_key, child.kind, child.input) for child in children] == specs
+    for child, (_, kind, _) in zip(children, specs, strict=True):
+        stored = Job.objects.get(pk=child.pk)
+        assert (stored.kind, stored.input, stored.spawn_key) == (child.kind, child.input, child.spawn_key)
+        assert (stored.parent_id, stored.owner_id, stored.status) == (parent.pk, owner.pk, S.PENDING)
+        assert stored.max_attempts == child.max_attempts == attempt_budget(kind)
+        assert list(JobEvent.objects.filter(job=stored).values_list("seq", "status")) == [(1, S.PENDING)]
+    assert attempt_budget("test.crash") != attempt_budget("demo.noop")  # the budgets tell the rows apart
+    assert children_spawn(parent=parent, run_attempt=parent.attempts, step="family", specs=specs) == children

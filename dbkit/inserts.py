@@ -211,7 +211,7 @@ class _NewRowPlan:
         self.chosen = [*self.given_places, *(place[name] for name in new.fixed)]  # and those made for each row
         self.batches: dict[tuple, _Batch] = {}  # `NewRow.insert_many`'s texts, by its shared and each names
         columns, written = [], []
-        self.parts: list[tuple[str, int, Any]] = []  # (column, place, field) of each column written, in order
+        self.parts: list[tuple[int, Any]] = []  # (place, field) of each column written, in order
         for field in meta.local_concrete_fields:
             if field.generated:
                 continue
@@ -220,7 +220,7 @@ class _NewRowPlan:
                 self.by_database.add(name)
                 continue
             columns.append(connection.ops.quote_name(field.column))
-            self.parts.append((columns[-1], index, field))
+            self.parts.append((index, field))
             if name in new.given:
                 self._send(index, field, connection, written)
             elif getattr(field, "auto_now_add", False) or getattr(field, "auto_now", False):
@@ -293,7 +293,7 @@ class _Batch:
         self.arrays: list[tuple[int, Any]] = []
         selected, unnested = [], []
         shared_places = set(self.shared_places)
-        for (_column, index, field), literal in zip(plan.parts, plan.written, strict=True):
+        for (index, field), literal in zip(plan.parts, plan.written, strict=True):
             if literal != "%s":
                 selected.append(literal)
                 continue

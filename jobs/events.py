@@ -129,6 +129,8 @@ def jobs_create_with_first_events(*, shared: dict[str, Any], each: Sequence[str]
     """
     if not rows:
         return []
+    if len(rows) == 1:  # one job (a spawn of one child): the submit's kept statement, no arrays
+        return [job_create_with_first_event(**shared, **dict(zip(each, rows[0], strict=True)))]
     using = Job.objects.db
     connection = connections[using]
     if connection.vendor != "postgresql":

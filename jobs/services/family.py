@@ -24,7 +24,7 @@ from django.db.models import F
 
 from jobs import typed
 from jobs.errors import UnknownKind
-from jobs.events import event_append, job_create_with_first_event, jobs_create_with_first_events
+from jobs.events import event_append, jobs_create_with_first_events
 from jobs.models import Job
 from jobs.registry import kind_get
 from jobs.services import transitions
@@ -76,15 +76,10 @@ def children_spawn(
                          message={"spawned": len(missing), "children": len(specs), "kind": ", ".join(kinds)},
                          run_attempt=run_attempt)
             budgets = {kind: attempt_budget(kind) for kind in kinds}
-            if len(missing) == 1:  # one child: the submit's kept statement (`jobs.events`)
-                (key, kind, value), = missing
-                created = [job_create_with_first_event(kind=kind, input=value, owner_id=parent.owner_id,
-                                                       parent_id=parent.pk, spawn_key=key, max_attempts=budgets[kind])]
-            else:
-                created = jobs_create_with_first_events(
-                    shared={"owner_id": parent.owner_id, "idempotency_key": None, "parent_id": parent.pk},
-                    each=("kind", "input", "max_attempts", "spawn_key"),
-                    rows=[(kind, value, budgets[kind], key) for key, kind, value in missing])
+            created = jobs_create_with_first_events(
+                shared={"owner_id": parent.owner_id, "idempotency_key": None, "parent_id": parent.pk},
+                each=("kind", "input", "max_attempts", "spawn_key"),
+                rows=[(kind, value, budgets[kind], key) for key, kind, value in missing])
             transitions.jobs_dispatch_after_commit(created)
     except IntegrityError:
         # Another delivery of the same run spawned them first (the unique key per parent).

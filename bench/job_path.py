@@ -19,12 +19,13 @@ over that round's floor, the sides' order reversed every other round): the claim
 through every layer of a move (`job_claim`, `job_complete`), the same two statements with the same
 parameters sent straight to `prepared_fetch` with and without a `Job` built from each row, and the
 floor's two statements through the same `prepared_fetch`, all on the platform's tables and
-connection. Then the receivers of Celery's `task_prerun` and `task_postrun` around
-a `jobs.run` task (what a pool process runs before and after each job), as Celery's Django fix-up
-connects them and after the platform's worker took the fix-up's per-task work over
-(`taskplatform.celery`), alternating: CPU per task. The jobs are written before each timed loop,
-untimed. The database's tables are the platform's own (migrated here); the bench's copies are
-dropped at the end. Writes `bench/results/job-path-<UTC timestamp>.json` and `job-path-latest.md`.
+connection. Then what Celery's tracer does around a task's body (`build_tracer`, as a pool
+process runs each message; the body a no-op): a bare `celery.Task`, `jobs.run` as shipped (its
+class checks the connections: no signal is sent), and `jobs.run` with the `task_prerun` and
+`task_postrun` receivers of Celery's Django fix-up connected, alternating: CPU per task. The
+jobs are written before each timed loop, untimed. The database's tables are the platform's own
+(migrated here); the bench's copies are dropped at the end. Writes
+`bench/results/job-path-<UTC timestamp>.json` and `job-path-latest.md`.
 
 Hot loops run faster than a pool process does (each job there follows an idle wait: see
 bench/README.md, "Whose CPU a job costs"), so compare the two rows with each other, not with the
@@ -181,12 +182,18 @@ def moves_apart(count: int, rounds: int) -> dict[str, Any]:
                                   for name in MOVE_SIDES}}
 
 
-SIGNAL_SIDES = ("fix-up's receivers", "taken over")
+AROUND_SIDES = ("a bare task", "jobs.run as shipped", "with the fix-up's receivers")
 
 
-def task_signals(count: int, rounds: int) -> dict[str, Any]:
-    """CPU µs per task of the task signals around a `jobs.run` task, each side a round, alternating."""
-    from celery import signals
+def around_tasks(count: int, rounds: int) -> dict[str, Any]:
+    """CPU µs per task of what Celery's tracer does around a task's body (`build_tracer`, as a
+    pool process runs each message), the body a no-op: a bare `celery.Task` with no signal
+    receivers (the floor), `jobs.run` as shipped (its class checks the connections and tells the
+    run observers: `dbkit.tasks`, `jobs.tasks.JobRunTask`; no receiver, so no signal is sent),
+    and the same with the `task_prerun` and `task_postrun` receivers of Celery's Django fix-up
+    connected (as a worker with CELERY_DB_REUSE_MAX 0 has them). Each side a round, alternating."""
+    from celery import Task, signals
+    from celery.app.trace import build_tracer
     from celery.fixups.django import DjangoFixup
     from django.db import connection
 
@@ -195,45 +202,52 @@ def task_signals(count: int, rounds: int) -> dict[str, Any]:
 
     app = worker_setup.app
     fixup = next(f for f in app._fixups or () if isinstance(f, DjangoFixup)).worker_fixup
-    fixup.install()  # as a worker's `worker_init` does
-    task = job_run._get_current_object()  # the task itself, as the worker's tracer sends it
-    args = (str(uuid.uuid4()),)
-    task.push_request(id="bench", args=args, hostname="bench", is_eager=False, shadow="demo.noop")
+    fixup.install()  # as a worker's `worker_init` does; then taken over, as it does too
+    worker_setup._take_over_the_fixups_task_hooks()
+    shipped = job_run._get_current_object()
+    shipped.run = lambda job_id: "completed"  # the body: the job's own path is measured above
+    def around_bare(job_id: str) -> str:
+        return "completed"
+
+    bare = app.task(name="bench.around_bare", base=Task, shared=False, ignore_result=True)(around_bare)
+    tracers = {task: build_tracer(task.name, task, app=app, hostname="bench", eager=False, propagate=True)
+               for task in (shipped, bare)}
+    args = [str(uuid.uuid4())]
     connection.ensure_connection()
 
-    def side(name: str) -> None:
-        if name == SIGNAL_SIDES[0]:
+    def around(name: str, n: int) -> float:
+        task = bare if name == AROUND_SIDES[0] else shipped
+        tracer = tracers[task]
+        request = {"id": "bench", "hostname": "bench", "shadow": "demo.noop", "delivery_info": {}}
+        if name == AROUND_SIDES[2]:
             signals.task_prerun.connect(fixup.on_task_prerun)
             signals.task_postrun.connect(fixup.on_task_postrun)
-        else:
-            worker_setup._take_over_the_fixups_task_hooks()
-
-    def around(n: int) -> float:
-        cpu = time.process_time()
-        for _ in range(n):
-            signals.task_prerun.send(sender=task, task_id="bench", task=task, args=args, kwargs={})
-            signals.task_postrun.send(sender=task, task_id="bench", task=task, args=args, kwargs={},
-                                      retval="completed", state="SUCCESS")
-        return (time.process_time() - cpu) / n * 1e6
+        try:
+            cpu = time.process_time()
+            for _ in range(n):
+                tracer("bench", args, {}, request)
+            return (time.process_time() - cpu) / n * 1e6
+        finally:
+            signals.task_prerun.disconnect(fixup.on_task_prerun)
+            signals.task_postrun.disconnect(fixup.on_task_postrun)
 
     per_round = []
     try:
-        for name in SIGNAL_SIDES:
-            side(name)
-            around(WARMUP)
+        for name in AROUND_SIDES:
+            around(name, WARMUP)
         for number in range(1, rounds + 1):
             row: dict[str, Any] = {"round": number}
-            for name in SIGNAL_SIDES:
-                side(name)
-                row[name] = round(around(count), 2)
+            for name in AROUND_SIDES if number % 2 else reversed(AROUND_SIDES):
+                row[name] = round(around(name, count), 2)
             per_round.append(row)
-            print(f"round {number}: the task signals, µs of CPU per task: "
-                  + ", ".join(f"{name} {row[name]:.1f}" for name in SIGNAL_SIDES), flush=True)
+            print(f"round {number}: around each task, µs of CPU per task: "
+                  + ", ".join(f"{name} {row[name]:.1f}" for name in AROUND_SIDES), flush=True)
     finally:
-        task.pop_request()
+        del shipped.run
+        app.tasks.pop(bare.name, None)
     return {"rounds": per_round,
             "median_us_per_task": {name: round(statistics.median(row[name] for row in per_round), 2)
-                                   for name in SIGNAL_SIDES}}
+                                   for name in AROUND_SIDES}}
 
 
 def backend_cpu_seconds(pid: int | None) -> float | None:
@@ -303,7 +317,7 @@ def measure(count: int, rounds: int, dsn: str) -> dict[str, Any]:
     return {"rounds": per_round, "median_cpu_ms_per_job": median, "median_postgres_cpu_ms_per_job": server,
             "median_ratio": round(statistics.median(row["ratio"] for row in per_round), 2),
             "python_calls_per_job": calls, "moves_apart": moves_apart(count, rounds),
-            "task_signals": task_signals(count, rounds)}
+            "around_tasks": around_tasks(count, rounds)}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -341,14 +355,14 @@ def markdown(result: dict[str, Any]) -> str:
         medians = apart["median_cpu_ms_per_job"]
         lines += ["| median | " + " | ".join(f"{medians[name]:.3f}" for name in MOVE_SIDES) + " |",
                   "| × the floor's | " + " | ".join(f"{over[name]:.2f}" for name in MOVE_SIDES) + " |", ""]
-    signals = result.get("task_signals")
-    if signals:
-        lines += ["The task signals around each `jobs.run` task (`task_prerun` and `task_postrun`), CPU µs per task:",
-                  "", "| round | " + " | ".join(SIGNAL_SIDES) + " |", "|---:|---:|---:|"]
-        for row in signals["rounds"]:
-            lines.append(f"| {row['round']} | " + " | ".join(f"{row[name]:.1f}" for name in SIGNAL_SIDES) + " |")
-        median_signals = signals["median_us_per_task"]
-        lines += ["| median | " + " | ".join(f"{median_signals[name]:.1f}" for name in SIGNAL_SIDES) + " |", ""]
+    around = result.get("around_tasks")
+    if around:
+        lines += ["What Celery's tracer does around each task's body (a no-op), CPU µs per task:", "",
+                  "| round | " + " | ".join(AROUND_SIDES) + " |", "|---:|" + "---:|" * len(AROUND_SIDES)]
+        for row in around["rounds"]:
+            lines.append(f"| {row['round']} | " + " | ".join(f"{row[name]:.1f}" for name in AROUND_SIDES) + " |")
+        medians = around["median_us_per_task"]
+        lines += ["| median | " + " | ".join(f"{medians[name]:.1f}" for name in AROUND_SIDES) + " |", ""]
     return "\n".join(lines)
 
 

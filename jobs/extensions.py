@@ -18,6 +18,9 @@ it learns about questions, waits, webhooks and the rest only through what is reg
   feature shows on a job's page and admin page.
 - **Periodic passes** (`pass_observer`): told after each run of a pass beat sends (`ops` records
   them for /readyz, /metrics and the dashboard).
+- **Runs** (`run_observer`): told as each run of a job's task begins and ends, in the process
+  that runs it (`ops` names the job on the log lines of its run, and records for /readyz that
+  the worker took a job).
 - **Test harness drivers** (`harness_driver`): how `jobs.testing` plays a feature's suspension
   in-process, as the platform would (answer a question, deliver a wait's result, let a deadline
   pass on the test clock), and the test doubles a run needs (a fake outside service).
@@ -33,13 +36,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.utils.module_loading import import_string
 
 __all__ = [
     "HarnessDriver",
     "PassEvent",
+    "RunStart",
     "TransitionHook",
     "context_method",
     "context_method_names",
@@ -53,6 +57,8 @@ __all__ = [
     "job_sections",
     "pass_observer",
     "pass_observers",
+    "run_observer",
+    "run_observers",
     "transition_hook",
     "transition_hooks_for",
     "visibility_rule",
@@ -271,6 +277,41 @@ def pass_observer(name: str) -> Callable[[Callable[[PassEvent], None]], Callable
 
 def pass_observers() -> list[Callable[[PassEvent], None]]:
     return list(_pass_observers.values())
+
+
+# -- runs of a job ---------------------------------------------------------------------------
+class RunStart(NamedTuple):
+    """A run of a job's task (`jobs.run`) begins: for `job_id`, of `kind` as its message names it
+    ("" when it does not), on the worker `hostname` ("" when run by its caller); `eager`: run in
+    its caller's thread (`apply()`, always-eager)."""
+
+    job_id: str
+    kind: str
+    hostname: str
+    eager: bool
+
+
+RunEnd = Callable[[], None]
+_run_observers: dict[str, Callable[[RunStart], RunEnd | None]] = {}
+_run_observers_all: tuple[Callable[[RunStart], RunEnd | None], ...] = ()
+
+
+def run_observer(name: str) -> Callable[[Callable[[RunStart], RunEnd | None]], Callable[[RunStart], RunEnd | None]]:
+    """Call the decorated function with a `RunStart` as each run of a job's task begins, in the
+    process that runs it, before the claim; what it returns, when not None, is called as the run
+    ends, however it ends (the observers' ends in the reverse order). Neither may raise."""
+
+    def register(fn: Callable[[RunStart], RunEnd | None]) -> Callable[[RunStart], RunEnd | None]:
+        global _run_observers_all
+        _run_observers[name] = fn
+        _run_observers_all = tuple(_run_observers.values())
+        return fn
+
+    return register
+
+
+def run_observers() -> tuple[Callable[[RunStart], RunEnd | None], ...]:
+    return _run_observers_all
 
 
 # -- test harness drivers ----------------------------------------------------------------------

@@ -36,9 +36,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from celery import Task
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
+from dbkit.tasks import DatabaseTask
 from jobs.extensions import PassEvent, pass_observers
 
 logger = logging.getLogger(__name__)
@@ -183,13 +183,11 @@ def pass_run(name: str, body: Callable[[], Any]) -> Any:
                          f" ({error})" if error else "")
 
 
-class PeriodicPassTask(Task):
+class PeriodicPassTask(DatabaseTask):
     """The base of every task that beat sends: a worker runs it under its pass lock
     (`pass_run`); a direct call or `apply()` runs the body as usual."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        request = self.request
-        if request.called_directly or request.is_eager:
-            return super().__call__(*args, **kwargs)
-        # Celery's tracer has pushed this run's request already; call the body as it would.
+    def run_traced(self, *args: Any, **kwargs: Any) -> Any:
+        if self.request.is_eager:
+            return self.run(*args, **kwargs)
         return pass_run(self.name, lambda: self.run(*args, **kwargs))

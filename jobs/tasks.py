@@ -2,13 +2,14 @@
 
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Any
 
 import redis
 from billiard.einfo import ExceptionWithTraceback
-from celery import Task, shared_task
+from celery import shared_task
 from celery.exceptions import Terminated, WorkerLostError
 from celery.signals import (
     worker_process_init,
@@ -22,9 +23,11 @@ from celery.worker.request import Request
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
+from dbkit.tasks import DatabaseTask
 from jobs import leases
 from jobs.broadcast import flush_pending, publisher
 from jobs.broker import dispatch_forget, held_forget, held_publish
+from jobs.extensions import RunStart, run_observers
 from jobs.leases import drain_mark
 from jobs.periodic import PeriodicPassTask
 from jobs.runner import job_execute, moves_rehearse
@@ -74,8 +77,42 @@ def _take_back_at_once(*, job_id: str, task_id: str, reason: str) -> None:
         connection.close()
 
 
-class JobRunTask(Task):
+class _OpenRun(threading.local):
+    ends: tuple = ()  # what the observers of the run in progress return, to call as it ends
+
+
+_open_run = _OpenRun()
+
+
+def _run_ends() -> None:
+    ends, _open_run.ends = _open_run.ends, ()
+    for end in reversed(ends):
+        end()
+
+
+class JobRunTask(DatabaseTask):
+    """`jobs.run`'s class: its run observers (`jobs.extensions.run_observer`) told of each run, by
+    a worker (inside the connections' checks) or by its caller (`apply()`), as it begins, and as
+    it ends after Celery's own lines about it (its result, its failure: they name the job too), in
+    `after_return`. A run that ends as Celery calls no `after_return` for (a retry of its message,
+    an ignored or rejected one) ends as the next run begins."""
+
     Request = JobRunRequest
+
+    def run_traced(self, *args: Any, **kwargs: Any) -> Any:
+        _run_ends()
+        observers = run_observers()
+        job_id = args[0] if args else kwargs.get("job_id")
+        if observers and job_id is not None:
+            request = self.request
+            shadow = request.shadow
+            run = RunStart(job_id=str(job_id), kind=shadow if shadow and shadow != self.name else "",
+                           hostname=request.hostname or "", eager=bool(request.is_eager))
+            _open_run.ends = tuple(end for observe in observers if (end := observe(run)) is not None)
+        return self.run(*args, **kwargs)
+
+    def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        _run_ends()
 
 
 @shared_task(name="jobs.run", bind=True, ignore_result=True, base=JobRunTask)

@@ -8,7 +8,7 @@ class OpsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # The worker's receivers (logging, job log context, heartbeats) connect on import;
+        # The worker's receivers (logging, heartbeats) connect on import;
         # a request's job log context ends when its response is closed.
         from django.core.signals import request_finished
 
@@ -27,3 +27,9 @@ class OpsConfig(AppConfig):
         from ops.scheduler import periodic_pass_record
 
         pass_observer("ops.periodic_pass_record")(periodic_pass_record)
+
+        # Each run of a job: its log context, and the worker's last job for /readyz.
+        from jobs.extensions import run_observer
+        from ops.signals import job_run_observe
+
+        run_observer("ops.job_run_observe")(job_run_observe)

@@ -4,8 +4,9 @@ They run in every process that starts Celery (worker, beat) and do nothing elsew
 
 - Logging: Celery would replace Django's LOGGING with its own format; the platform's
   configuration applies instead (JSON in production, job id and kind on a job's lines).
-- Around each run of `jobs.run`, the job's id and kind are the log context of the pool process,
-  and the time the worker last took a job is recorded for /readyz.
+- Around each run of `jobs.run` (a run observer, `job_run_observe`, registered by `OpsConfig.ready`),
+  the job's id and kind are the log context of the pool process, and the time the worker last
+  took a job is recorded for /readyz.
 - The worker's heartbeat (its queues, that it is alive) for /readyz and /metrics.
 - The worker's timer kept to the entries still to come (`timer_compact`).
 - A line when a pool process is replaced, and why (Celery's pool says nothing of it).
@@ -18,16 +19,17 @@ import logging
 import logging.config
 import resource
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from billiard.pool import EX_RECYCLE
 from celery import signals
 from django.conf import settings
 
+from jobs.extensions import RunStart
 from ops.logging import job_log_context_reset, job_log_context_set
 from ops.workers import worker_forget, worker_heartbeat, worker_job_taken
-
-JOB_TASK = "jobs.run"
 
 logger = logging.getLogger(__name__)
 
@@ -50,37 +52,24 @@ def _logging_from_settings(loglevel: Any = None, logfile: str | None = None, **k
         root.addHandler(handler)
 
 
-def _job_kind(task: Any, job_id: str) -> str | None:
-    """The kind from the message's shadow name (`job_dispatch` sets it): no query. A message
-    without one (sent by hand) costs one primary-key lookup."""
-    shadow = getattr(task.request, "shadow", None)
-    if shadow and shadow != JOB_TASK:
-        return shadow
+def job_run_observe(run: RunStart) -> Callable[[], None]:
+    """A run of a job begins (`jobs.extensions.run_observer`): the job's id and kind name every
+    line logged until it ends, and a worker's run is recorded for /readyz as the worker's last job."""
+    token = job_log_context_set(job_id=run.job_id, job_kind=run.kind or _job_kind(run.job_id))
+    if run.hostname and not run.eager:
+        worker_job_taken(hostname=run.hostname)
+    return partial(job_log_context_reset, token)
+
+
+def _job_kind(job_id: str) -> str | None:
+    """The kind of a job whose message did not name it (one sent by hand; `job_dispatch` names
+    it as the message's shadow name): one primary-key lookup."""
     from jobs.models import Job
 
     try:
         return Job.objects.filter(pk=job_id).values_list("kind", flat=True).first()
     except Exception:  # a malformed id: the runner reports it; logging must not fail the task
         return None
-
-
-@signals.task_prerun.connect
-def _job_run_begins(sender: Any = None, task: Any = None, args: Any = None, **kwargs: Any) -> None:
-    task = task or sender
-    if getattr(task, "name", None) != JOB_TASK or not args:
-        return
-    job_id = str(args[0])
-    job_log_context_set(job_id=job_id, job_kind=_job_kind(task, job_id))
-    hostname = getattr(task.request, "hostname", None)
-    if hostname and not getattr(task.request, "is_eager", False):
-        worker_job_taken(hostname=hostname)
-
-
-@signals.task_postrun.connect
-def _job_run_ends(sender: Any = None, task: Any = None, **kwargs: Any) -> None:
-    task = task or sender
-    if getattr(task, "name", None) == JOB_TASK:
-        job_log_context_reset()
 
 
 @signals.worker_process_shutdown.connect

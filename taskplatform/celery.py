@@ -1,43 +1,26 @@
 """The Celery app: `celery -A taskplatform worker|beat|flower`."""
 
 import functools
+import logging
 import os
-import threading
-import time
 
 from celery import Celery, signals
 
+from dbkit.tasks import DatabaseTask, connections_after_task, connections_before_task, tasks_without_connections
 from taskplatform import kombu_redis
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.production")
 
+logger = logging.getLogger(__name__)
+
 # kombu's Redis transports, minus a new client built for every command (see the module).
 kombu_redis.install()
 
-app = Celery("taskplatform")
+# Every task's worker run is wrapped as Django wraps a request (dbkit.tasks): the app's base class.
+app = Celery("taskplatform", task_cls="dbkit.tasks:DatabaseTask")
 # Every CELERY_* setting in Django's settings configures Celery (see settings/base.py).
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-
-
-# A connection that finished a task this recently is taken as alive for the next one; one idle
-# longer is checked (CONN_HEALTH_CHECKS: a `SELECT 1`) before the task uses it. Back to back,
-# the check was a third of a no-op job's round trips to PostgreSQL (bench/README.md). A restart
-# of PostgreSQL inside this window fails the next task's first statement instead: the claim is
-# atomic, so the message is retried (jobs.tasks) and the broken connection replaced after it.
-CONNECTION_TRUSTED_SECONDS = 2.0
-
-
-class _TaskConnections(threading.local):
-    """The connections the last task of this thread used, when it ended, and how many tasks ran
-    since they were last recycled (one per thread: a pool's threads each have their own)."""
-
-    used: tuple = ()
-    ended = float("-inf")
-    tasks = 0
-
-
-_task_connections = _TaskConnections()
 
 
 @signals.worker_init.connect
@@ -50,19 +33,21 @@ def _connect_pool_processes_ahead(**kwargs) -> None:
     signals.worker_process_init.connect(connect_before_the_first_job, weak=False,
                                         dispatch_uid="jobs.tasks.connect_before_the_first_job")
     _take_over_the_fixups_task_hooks()
+    _check_connections_of_foreign_tasks()
 
 
 def _take_over_the_fixups_task_hooks() -> None:
-    """In a worker, before it forks its pool: the receivers below do the work of the fix-up's
-    `task_prerun` and `task_postrun` receivers (installed by its own `worker_init` receiver, which
-    ran before this one), which are disconnected.
+    """In a worker, before it forks its pool: the app's task class (`dbkit.tasks.DatabaseTask`)
+    does the work of the fix-up's `task_prerun` and `task_postrun` receivers (installed by its own
+    `worker_init` receiver, which ran before this one), which are disconnected.
 
     With CELERY_DB_REUSE_MAX set, the fix-up counts the tasks to close the connections every that
-    many (done after the task here) and closes Django's caches after each task: a walk of the
-    thread's caches whose `close` does nothing for the platform's Redis cache (done here only for
-    a backend that closes something). Those two walks and our own check before each task were
-    about 6 % of a pool process's CPU per no-op job (bench/README.md). With CELERY_DB_REUSE_MAX
-    0 (a new connection per task) the fix-up's receivers stay."""
+    many (done after the task by the task class) and closes Django's caches after each task: a
+    walk of the thread's caches whose `close` does nothing for the platform's Redis cache (done
+    only for a backend that closes something). Those two walks and our own check before each
+    task were about 6 % of a pool process's CPU per no-op job, and the signals' sending as much
+    again (bench/README.md). With CELERY_DB_REUSE_MAX 0 (a new connection per task) the fix-up's
+    receivers stay."""
     from celery.fixups.django import DjangoFixup
     from django.conf import settings
 
@@ -74,66 +59,37 @@ def _take_over_the_fixups_task_hooks() -> None:
             signals.task_postrun.disconnect(fixup.worker_fixup.on_task_postrun)
 
 
-@functools.cache
-def _caches_that_close() -> bool:
-    """Whether a configured cache's backend closes anything when asked (the base class's `close`
-    does nothing, and neither Django's Redis cache nor its local-memory cache overrides it)."""
-    from django.conf import settings
-    from django.core.cache import caches
-    from django.core.cache.backends.base import BaseCache
-
-    return any(type(caches[alias]).close is not BaseCache.close for alias in settings.CACHES)
-
-
 def _run_by_its_caller(task) -> bool:
     """A task run in its caller's thread (`apply()`, always-eager): the caller's connections and
     transaction are not the task's to check or close (the fix-up leaves them alone too)."""
     return bool(getattr(getattr(task, "request", None), "is_eager", False))
 
 
-@signals.task_prerun.connect
-def _connections_before_task(sender=None, task=None, **kwargs) -> None:
-    # What Django does at the start of a request: drop a connection that broke or outlived
-    # CONN_MAX_AGE. The last task's end did that a moment ago for the connections it used; they
-    # are trusted, with no health check (a round trip) before their first statement.
-    if _run_by_its_caller(task or sender):
+def _connections_before_foreign_task(sender=None, task=None, **kwargs) -> None:
+    task = task or sender
+    if not isinstance(task, DatabaseTask) and not _run_by_its_caller(task):
+        connections_before_task()
+
+
+def _connections_after_foreign_task(sender=None, task=None, **kwargs) -> None:
+    task = task or sender
+    if not isinstance(task, DatabaseTask) and not _run_by_its_caller(task):
+        connections_after_task()
+
+
+def _check_connections_of_foreign_tasks() -> None:
+    """A task whose class is not the app's (`base=` a plain `celery.Task`) does not check its
+    connections itself: for those alone, receivers of `task_prerun` and `task_postrun` do, at
+    the cost of Celery sending both signals around every task again (`dbkit.tasks`)."""
+    foreign = tasks_without_connections(app.tasks)
+    if not foreign:
         return
-    state = _task_connections
-    if time.monotonic() - state.ended < CONNECTION_TRUSTED_SECONDS:
-        for connection in state.used:
-            if connection.connection is not None and not connection.errors_occurred:
-                connection.health_check_done = True
-        return
-    from django.db import close_old_connections
-
-    close_old_connections()
-
-
-@signals.task_postrun.connect
-def _connections_after_task(sender=None, task=None, **kwargs) -> None:
-    # What Django does at the end of a request, and the fix-up's recycling every
-    # CELERY_DB_REUSE_MAX tasks.
-    if _run_by_its_caller(task or sender):
-        return
-    from django.conf import settings
-    from django.db import connections
-
-    state = _task_connections
-    used = tuple(connections.all(initialized_only=True))
-    state.tasks += 1
-    if settings.CELERY_DB_REUSE_MAX and state.tasks >= settings.CELERY_DB_REUSE_MAX:
-        state.tasks = 0
-        for connection in used:
-            connection.close()
-    else:
-        for connection in used:
-            connection.close_if_unusable_or_obsolete()
-    if _caches_that_close():
-        from django.core.cache import close_caches
-
-        close_caches()
-    state.used = used
-    state.ended = time.monotonic()
+    logger.info("tasks not based on dbkit.tasks.DatabaseTask, whose connections task signals check: %s",
+                ", ".join(foreign))
+    signals.task_prerun.connect(_connections_before_foreign_task, weak=False,
+                                dispatch_uid="taskplatform.celery.connections_before_foreign_task")
+    signals.task_postrun.connect(_connections_after_foreign_task, weak=False,
+                                 dispatch_uid="taskplatform.celery.connections_after_foreign_task")
 
 
 @functools.cache

@@ -49,7 +49,13 @@ def test_the_job_path_bench_times_both_sides_and_counts_their_calls():
     assert [row["round"] for row in apart["rounds"]] == [1, 2]
     assert all(row[side] > 0 for row in apart["rounds"] for side in job_path.MOVE_SIDES)
     assert apart["median_over_floor"][job_path.MOVE_SIDES[-1]] == 1
-    signals = result["task_signals"]
-    assert [row["round"] for row in signals["rounds"]] == [1, 2]
-    assert all(row[side] > 0 for row in signals["rounds"] for side in job_path.SIGNAL_SIDES)
+    around = result["around_tasks"]
+    assert [row["round"] for row in around["rounds"]] == [1, 2]
+    assert all(row[side] > 0 for row in around["rounds"] for side in job_path.AROUND_SIDES)
+    from celery import signals  # the bench leaves no receiver and no task of its own behind
+
+    assert not signals.task_prerun.receivers and not signals.task_postrun.receivers
+    from taskplatform.celery import app
+
+    assert "bench.around_bare" not in app.tasks and "run" not in vars(app.tasks["jobs.run"])
     assert "| median |" in job_path.markdown({**result, "when": "now", "revision": "r", "machine": "m", "count": 12})

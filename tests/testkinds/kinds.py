@@ -414,7 +414,8 @@ def process_state(ctx, input):
     from celery import signals
     from django.db import connection
 
-    from taskplatform.celery import POOL_PRELOADED, _task_connections
+    from dbkit.tasks import task_connections
+    from taskplatform.celery import POOL_PRELOADED
 
     def receivers(signal) -> list[str]:
         live = (r() if isinstance(r, weakref.ReferenceType) else r for _, r in signal.receivers)
@@ -424,5 +425,5 @@ def process_state(ctx, input):
     backend = connection.connection.info.backend_pid if connection.vendor == "postgresql" else None
     return {"frozen": gc.get_freeze_count(), "collecting": gc.isenabled(), "switch_interval": sys.getswitchinterval(),
             "task_prerun": receivers(signals.task_prerun), "task_postrun": receivers(signals.task_postrun),
-            "backend_pid": backend, "pid": os.getpid(), "tasks_on_connection": _task_connections.tasks,
+            "backend_pid": backend, "pid": os.getpid(), "tasks_on_connection": task_connections.tasks,
             "preloaded": sorted(name for name in POOL_PRELOADED if name in sys.modules)}

@@ -299,7 +299,9 @@ _run_observers_all: tuple[Callable[[RunStart], RunEnd | None], ...] = ()
 def run_observer(name: str) -> Callable[[Callable[[RunStart], RunEnd | None]], Callable[[RunStart], RunEnd | None]]:
     """Call the decorated function with a `RunStart` as each run of a job's task begins, in the
     process that runs it, before the claim; what it returns, when not None, is called as the run
-    ends, however it ends (the observers' ends in the reverse order). Neither may raise."""
+    ends, after Celery's own log lines about it (the observers' ends in the reverse order; a run
+    whose message Celery retries or ignores ends as the next run in that process begins: see
+    `jobs.tasks.JobRunTask`). Neither may raise."""
 
     def register(fn: Callable[[RunStart], RunEnd | None]) -> Callable[[RunStart], RunEnd | None]:
         global _run_observers_all

@@ -33,7 +33,7 @@ a hook twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, ValuesView
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -293,7 +293,6 @@ class RunStart(NamedTuple):
 
 RunEnd = Callable[[], None]
 _run_observers: dict[str, Callable[[RunStart], RunEnd | None]] = {}
-_run_observers_all: tuple[Callable[[RunStart], RunEnd | None], ...] = ()
 
 
 def run_observer(name: str) -> Callable[[Callable[[RunStart], RunEnd | None]], Callable[[RunStart], RunEnd | None]]:
@@ -304,16 +303,15 @@ def run_observer(name: str) -> Callable[[Callable[[RunStart], RunEnd | None]], C
     `jobs.tasks.JobRunTask`). Neither may raise."""
 
     def register(fn: Callable[[RunStart], RunEnd | None]) -> Callable[[RunStart], RunEnd | None]:
-        global _run_observers_all
         _run_observers[name] = fn
-        _run_observers_all = tuple(_run_observers.values())
         return fn
 
     return register
 
 
-def run_observers() -> tuple[Callable[[RunStart], RunEnd | None], ...]:
-    return _run_observers_all
+def run_observers() -> ValuesView[Callable[[RunStart], RunEnd | None]]:
+    """The registered observers, as a view (every run asks: nothing is copied)."""
+    return _run_observers.values()
 
 
 # -- test harness drivers ----------------------------------------------------------------------

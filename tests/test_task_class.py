@@ -10,8 +10,10 @@ from unittest import mock
 
 import pytest
 from celery import Task, signals
+from celery.exceptions import Retry
 
 from dbkit import tasks as task_class
+from jobs import extensions
 from jobs.extensions import RunStart, run_observer
 from jobs.models import Job
 from jobs.services import job_submit
@@ -95,14 +97,9 @@ def test_a_run_of_a_job_tells_its_observers_as_it_begins_and_after_celerys_own_l
         happened.append(("begin", run))
         return lambda: happened.append(("end", Job.objects.get(pk=run.job_id).status))
 
-    try:
+    with mock.patch.dict(extensions._run_observers):  # registered for this test only
         run_observer("tests.observer")(observe)
         job_run.apply(args=[str(job.pk)], shadow="demo.noop")
-    finally:
-        from jobs import extensions
-
-        extensions._run_observers.pop("tests.observer", None)
-        extensions._run_observers_all = tuple(extensions._run_observers.values())
     begins = [what for what in happened if what[0] == "begin"]
     assert [run.job_id for _, run in begins] == [str(job.pk)]
     assert begins[0][1].eager is True
@@ -115,18 +112,11 @@ def test_a_run_celery_calls_no_after_return_for_ends_as_the_next_begins():
     """A retried message (Celery's `Retry`: no `after_return`) ends its observers' run when the
     next run of the task begins, not never."""
     ended = []
-    from jobs import extensions
-
-    try:
+    with mock.patch.dict(extensions._run_observers):  # registered for this test only
         run_observer("tests.observer")(lambda run: (lambda: ended.append(run.job_id)))
         first, second = str(uuid.uuid4()), str(uuid.uuid4())
-        from celery.exceptions import Retry
-
         with mock.patch("jobs.tasks.job_execute", side_effect=Retry("again")):
             job_run.apply(args=[first])
         assert ended == []
         job_run.apply(args=[second])  # no such job: skipped, and ended as usual
         assert ended == [first, second]
-    finally:
-        extensions._run_observers.pop("tests.observer", None)
-        extensions._run_observers_all = tuple(extensions._run_observers.values())

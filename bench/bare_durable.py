@@ -32,8 +32,8 @@ EVENTS = "bench_durable_event"
 # A pending `demo.noop` job's row and first event as `manage.py submit` writes them: the columns,
 # and the values after the job's id, kind, status and input (and after the event's job id).
 JOB_COLUMNS = ("id, kind, status, input, progress_fraction, progress_text, attempts, max_attempts, hand_backs, "
-               "checkpoint, event_seq, suspended_on, feature_rows, worker, task_id, spawn_key, gathering, created_at")
-JOB_PENDING_REST = "0.0, '', 0, 3, 0, '{}'::jsonb, 1, '', false, '', '', NULL, NULL, now()"
+               "event_seq, suspended_on, feature_rows, worker, task_id, spawn_key, gathering, created_at")
+JOB_PENDING_REST = "0.0, '', 0, 3, 0, 1, '', false, '', '', NULL, NULL, now()"
 EVENT_COLUMNS = "job_id, seq, type, step, status, message, created_at"
 EVENT_FIRST = "1, 'status', '', 'pending', '{}'::jsonb"
 # Set by the bench for the worker: the JSON file that `capture_statements` wrote.

@@ -12,7 +12,8 @@ a run makes, called as a run calls them.
    each. For each: CPU (this process's) and wall time per event, medians.
 2. **Steps.** A claimed job with an empty input runs `--steps` steps (`step_begin` and
    `step_checkpoint`, what `ctx.step` does), each storing a result of `--step-kb`: CPU and wall time
-   per step at the start, in the middle and at the end, as the checkpoint grows.
+   per step, and on PostgreSQL the write-ahead log it wrote (the server's: run it with nothing else
+   writing), at the start, in the middle and at the end, as the checkpoint grows.
 
 Writes `bench/results/big-json-<UTC timestamp>.json` (`--no-write`: print only).
 """
@@ -77,18 +78,35 @@ def steps_timed(count: int, step_kb: int) -> list[dict[str, Any]]:
     job = _claimed({})
     value = document(step_kb)
     size = len(json.dumps({"s0": value}))
-    cpu, wall = [], []
+    cpu, wall, wal = [], [], []
     for index in range(count):
+        wal_before = _wal_position()
         started_cpu, started = time.process_time(), time.perf_counter()
         step_begin(job_id=job.pk, run_attempt=job.attempts, step=f"s{index}")
         step_checkpoint(job_id=job.pk, run_attempt=job.attempts, step=f"s{index}", value=value)
         cpu.append(time.process_time() - started_cpu)
         wall.append(time.perf_counter() - started)
+        if wal_before is not None:
+            wal.append(_wal_position() - wal_before)
     tenth = max(count // 10, 1)
     spans = [(0, tenth), (count // 2 - tenth // 2, count // 2 - tenth // 2 + tenth), (count - tenth, count)]
     return [{"steps": f"{start + 1}-{end}", "checkpoint_kb": round(size * end / 1024),
              "cpu_ms_per_step": round(statistics.median(cpu[start:end]) * 1000, 3),
-             "wall_ms_per_step": round(statistics.median(wall[start:end]) * 1000, 3)} for start, end in spans]
+             "wall_ms_per_step": round(statistics.median(wall[start:end]) * 1000, 3),
+             **({"wal_kb_per_step": round(statistics.median(wal[start:end]) / 1024, 1)} if wal else {})}
+            for start, end in spans]
+
+
+def _wal_position() -> int | None:
+    """Where PostgreSQL's write-ahead log is, in bytes (the whole server's: run this bench with
+    nothing else writing), or None on another database."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+        return int(cursor.fetchone()[0])
 
 
 def measure(*, events: int, input_kb: int, steps: int, step_kb: int) -> dict[str, Any]:
@@ -123,8 +141,9 @@ def main() -> None:
     for name, figures in result["events_per_input"].items():
         print(f"  an event, {name}: {figures['cpu_ms_per_event']} ms CPU, {figures['wall_ms_per_event']} ms wall")
     for row in result["steps"]:
+        wal = f", {row['wal_kb_per_step']} kB of WAL" if "wal_kb_per_step" in row else ""
         print(f"  steps {row['steps']} (checkpoint about {row['checkpoint_kb']} kB): {row['cpu_ms_per_step']} ms CPU, "
-              f"{row['wall_ms_per_step']} ms wall per step")
+              f"{row['wall_ms_per_step']} ms wall{wal} per step")
     if not args.no_write:
         print(f"written: {results_save('big-json', result['when'], result).relative_to(BASE_DIR)}")
 

@@ -253,14 +253,17 @@ class ChaosBench:
 
     # -- the jobs ---------------------------------------------------------------------------------
     def rows(self) -> dict[str, Row]:
+        from django.db.models import Count
+
         from jobs.models import Job
 
         values = database_call(
-            lambda: list(Job.objects.values_list("pk", "status", "kind", "worker", "checkpoint", "lease_expires_at"))
+            lambda: list(Job.objects.annotate(steps_done=Count("steps")).values_list(
+                "pk", "status", "kind", "worker", "steps_done", "lease_expires_at"))
         )
         return {
-            str(pk): Row(status, kind, worker, len(checkpoint or {}), lease is not None)
-            for pk, status, kind, worker, checkpoint, lease in values
+            str(pk): Row(status, kind, worker, steps_done, lease is not None)
+            for pk, status, kind, worker, steps_done, lease in values
         }
 
     def track(self, job_id: str, role: str) -> str:
@@ -535,13 +538,15 @@ class ChaosBench:
         return [(process.name, line) for process in self.processes() for line in list(process.lines)]
 
     def analyze(self, *, finished_in_time: bool) -> dict[str, Any]:
+        from django.db.models import Count
+
         from approvals.models import Question
         from demo.models import StepRun
         from jobs.models import Job, JobEvent
 
         args = self.args
-        jobs = {str(job["id"]): job for job in Job.objects.values(
-            "id", "kind", "input", "status", "attempts", "max_attempts", "event_seq", "error", "result", "checkpoint")}
+        jobs = {str(job["id"]): job for job in Job.objects.annotate(steps_done=Count("steps")).values(
+            "id", "kind", "input", "status", "attempts", "max_attempts", "event_seq", "error", "result", "steps_done")}
         events: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for job_id, seq, type_, step, status, message, created_at in JobEvent.objects.order_by("job_id", "seq") \
                 .values_list("job_id", "seq", "type", "step", "status", "message", "created_at").iterator():
@@ -633,7 +638,7 @@ class ChaosBench:
                 over_bound.append(job_id)
             steps = job["input"].get("steps", 0)
             if job["kind"] == "demo.sleep" and job["status"] == "completed" and (
-                set(runs) != {str(n) for n in range(1, steps + 1)} or len(job["checkpoint"]) != steps
+                set(runs) != {str(n) for n in range(1, steps + 1)} or job["steps_done"] != steps
             ):
                 missing_steps.append(job_id)
         if finished_again:

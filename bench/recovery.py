@@ -104,7 +104,7 @@ def pool_process_killed(submit) -> dict:
     from jobs.models import Job
 
     job_id = submit("demo.sleep", {"seconds": 30, "steps": 30})
-    job = wait_for(lambda: Job.objects.filter(pk=job_id, status="processing", checkpoint__has_key="2").first(), 60,
+    job = wait_for(lambda: Job.objects.filter(pk=job_id, status="processing", steps__name="2").first(), 60,
                    "the long job's second step")
     pid = int(job.worker.rsplit(" pid ", 1)[1])
     os.kill(pid, signal.SIGKILL)

@@ -15,7 +15,6 @@ from functools import cache, partial
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
-from django.db.models import F, Func, JSONField, Value
 from django.utils import timezone
 
 from dbkit.conf import setting
@@ -28,10 +27,9 @@ from jobs.broadcast import event_publish, events_publish
 from jobs.clock import db_now
 from jobs.errors import JobNotFound
 from jobs.followed import feed_followed
-from jobs.models import Job, JobEvent, job_update_returning
+from jobs.models import JSON_NULL, Job, JobEvent, JobStep, job_update_returning
 from jobs.statements import (
     NEXT_EVENT_SEQ,
-    KeptExpression,
     MoveRows,
     move_statement,
     written_constant,
@@ -291,7 +289,7 @@ EarlierEvent = tuple[str, str, str, dict | None]
 def job_update_with_event(
     *, rows: MoveRows, fields: dict[str, Any], type: str, step: str = "", status: str = "",
     message: dict | None = None, with_json: bool = True, before: EarlierEvent | None = None,
-    returning_also: tuple[str, list] | None = None,
+    then_also: tuple[str, list, str, list] | None = None,
 ) -> tuple[Job, JobEvent] | None:
     """Update the one job `rows` selects and append its event, numbered by the updated
     `event_seq`; publish the event once the transaction commits. Returns both rows, or None
@@ -304,7 +302,8 @@ def job_update_with_event(
     without its JSON columns (`jobs.models.job_update_returning`), for a caller that reads none of
     them. `before`: an event that comes first, numbered one before the move's own (what made the
     move: a question answered, a wait woken), written and published with it, or not at all.
-    `returning_also`: one more value to read back (PostgreSQL: `job_update_returning`).
+    `then_also`: one more row to insert and one more value to read back, in the same statement
+    (PostgreSQL: `job_update_returning`).
     """
     now = timezone.now()  # host clock: shown to people, never compared across hosts
     using = Job.objects.db
@@ -324,7 +323,7 @@ def job_update_with_event(
             params = [prepare(every[index], connection) for index, _, prepare in parameters]
         job = job_update_returning(statement, then_insert=(sql, params), using=using, connection=connection,
                                    with_json=with_json, inserts_many=before is not None,
-                                   returning_also=returning_also)
+                                   then_also=then_also)
         if job is None:
             return None
         # The events' rows are in the job's database: the statement wrote them.
@@ -400,7 +399,7 @@ def event_append(
         else:
             rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt)
         values = {"event_seq": NEXT_EVENT_SEQ, "updated_at": db_now(), **(fields or {})}
-        # Its caller reads the event, not the job: the job's input and checkpoint (however big)
+        # Its caller reads the event, not the job: the job's input and result (however big)
         # are not sent back at each progress report, log line or step event.
         written = job_update_with_event(rows=rows, fields=values, type=type, step=step, status=status, message=message,
                                         with_json=False)
@@ -411,35 +410,36 @@ def event_append(
         return written[1]
 
 
-class _CheckpointAdd(KeptExpression, Func):
-    """`checkpoint` with `{name: value}` added unless `name` is already there (the stored result
-    wins): PostgreSQL's `jsonb || jsonb` keeps the right side's keys. Its SQL is the same for
-    every step, so a step's checkpoint is a kept statement (`jobs.statements`)."""
-
-    output_field = JSONField()
-
-    def __init__(self, name: str, value: Any) -> None:
-        self.kept = [name, json.dumps(value)]
-        super().__init__(F("checkpoint"), Value(name), Value(self.kept[1]))
-
-    def kept_shape(self) -> tuple:
-        return ()
-
-    def kept_params(self) -> list:
-        return self.kept
-
-    def as_postgresql(self, compiler, connection, **extra):
-        (checkpoint, checkpoint_params), (name, name_params), (value, value_params) = (
-            compiler.compile(expression) for expression in self.get_source_expressions()
-        )
-        sql = f"(jsonb_build_object(({name})::text, ({value})::jsonb) || {checkpoint})"
-        return sql, (*name_params, *value_params, *checkpoint_params)
-
-
 STEP_NOT_DONE = object()
-# A step's stored result, as the statement that stored it returns it (`step_checkpoint`;
-# PostgreSQL's `jsonb -> text`, on the job's `checkpoint` column).
-_STORED_STEP = '"checkpoint" -> %s::text'
+
+
+def _step_insert(connection: Any) -> tuple[str, str]:
+    """A step's row, written by the statement that records the step (`step_checkpoint`): the
+    `INSERT … SELECT … FROM j` (parameters: the name, the result's JSON text), which writes
+    nothing when the job already has a step of that name (the first stored result wins), and the
+    value the statement returns, the stored result: the one it wrote or the one already there
+    (parameter: the name). Built once per connection."""
+    def build() -> tuple[str, str]:
+        quote = connection.ops.quote_name
+        table = quote(JobStep._meta.db_table)
+        job, name, result, attempt = (quote(JobStep._meta.get_field(field).column)
+                                      for field in ("job", "name", "result", "attempt"))
+        pk, attempts = quote(Job._meta.pk.column), quote(Job._meta.get_field("attempts").column)
+        insert = (f"INSERT INTO {table} ({job}, {name}, {result}, {attempt}) "
+                  f"SELECT j.{pk}, %s, %s::jsonb, j.{attempts} FROM j "
+                  f"ON CONFLICT ({job}, {name}) DO NOTHING RETURNING {result}")
+        stored = (f"COALESCE((SELECT a.{result} FROM a), "
+                  f"(SELECT s.{result} FROM {table} s WHERE s.{job} = j.{pk} AND s.{name} = %s))")
+        return insert, stored
+
+    return once_per_connection(connection, "_taskplatform_step_insert", build)
+
+
+def steps_finished(job_id: Any) -> dict[str, Any]:
+    """{name: stored result} of the job's finished steps, in the order they finished: what a run
+    loads at its first `ctx.step` (`jobs.runtime.JobContext`)."""
+    return dict(JobStep.objects.filter(job_id=job_id).order_by("id").values_list("name", "result"))
+
 
 
 def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
@@ -450,58 +450,68 @@ def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
     (`one_statement_write`: no BEGIN and COMMIT around it)."""
     with one_statement_write():
         rows = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt,
-                        without_checkpoint_key=step)
+                        without_step=step)
         fields = {"event_seq": NEXT_EVENT_SEQ, "updated_at": db_now()}
         if job_update_with_event(rows=rows, fields=fields, type="step", step=step, status="started",
                                  with_json=False) is not None:
             return STEP_NOT_DONE
-        current = Job.objects.filter(pk=job_id).values("status", "attempts", "checkpoint").first()
+        current = Job.objects.filter(pk=job_id).values("status", "attempts").first()
     if current is None:
         raise JobNotFound(f"job {job_id} does not exist")
     if current["status"] != Job.Status.PROCESSING or current["attempts"] != run_attempt:
         raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}")
-    return current["checkpoint"][step]
+    return JobStep.objects.get(job_id=job_id, name=step).result
 
 
 def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> Any:
-    """Record that `step` finished with `value` and its `step completed` event; return the
-    step's stored result.
+    """Record that `step` finished with `value` (the job's `JobStep` row) and its `step completed`
+    event; return the step's stored result.
 
     The first finished result wins: when another run of the job finished `step` first, that
-    result stays and is returned, and no other step's result is ever overwritten (each write adds
-    one key to what is stored, in the database). The result is kept even when the run no longer
-    owns the job (it was cancelled or taken back while the step ran), so that the work is never
-    done again; then no event is written (the job's log has moved on without this run) and
-    `RunLost` is raised so the run stops. Precondition: `value` is storable JSON. One statement
-    on PostgreSQL (`one_statement_write`), a second one only when the run has lost the job.
+    result stays and is returned; a step's row is never overwritten. The result is kept even when
+    the run no longer owns the job (it was cancelled or taken back while the step ran), so that the
+    work is never done again (not for a job that completed); then no event is written (the job's
+    log has moved on without this run) and `RunLost` is raised so the run stops. Precondition:
+    `value` is storable JSON. One statement on PostgreSQL (the job's UPDATE, the event's INSERT
+    and the step's, `one_statement_write`), more only when the run has lost the job.
     """
     connection = connections[Job.objects.db]
-    with one_statement_write():
-        if connection.vendor != "postgresql":
-            # Elsewhere (SQLite, whose writers are serialised): read, add, write under the lock.
-            stored = Job.objects.select_for_update().filter(pk=job_id).values_list("checkpoint", flat=True).first()
-            merged = {step: value, **(stored or {})}
-            checkpoint: Any = merged
-        else:
-            checkpoint = _CheckpointAdd(step, value)
-        owned = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt)
-        fields = {"event_seq": NEXT_EVENT_SEQ, "updated_at": db_now(), "checkpoint": checkpoint}
-        if connection.vendor == "postgresql":
-            # The step's stored result alone is read back, not the whole checkpoint (nor the job's
-            # other JSON columns): a step's cost no longer grows with the results before it
-            # (bench/README.md, "A step's result read back alone").
+    owned = MoveRows(job_id=job_id, sources=frozenset({Job.Status.PROCESSING}), only_attempt=run_attempt)
+    fields = {"event_seq": NEXT_EVENT_SEQ, "updated_at": db_now()}
+    if connection.vendor == "postgresql":
+        with one_statement_write():
+            # The step's own row is written, not the job's JSON: a step's cost and its WAL do not
+            # grow with the results before it (bench/README.md, "A row per step").
+            insert, stored = _step_insert(connection)
             written = job_update_with_event(rows=owned, fields=fields, type="step", step=step, status="completed",
-                                            with_json=False, returning_also=(_STORED_STEP, [step]))
-            if written is not None:
-                field = Job._meta.get_field("checkpoint")
+                                            with_json=False,
+                                            then_also=(insert, [step, json.dumps(value)], stored, [step]))
+        if written is not None:
+            if written[0]._returned_also is not None:
+                field = JobStep._meta.get_field("result")
                 return converted(written[0]._returned_also, field, column_converters(connection, field), connection)
-        else:
+            # Stored by a run whose write this statement waited for and could not see: read it now.
+            return JobStep.objects.get(job_id=job_id, name=step).result
+    else:  # elsewhere (SQLite, whose writers are serialised): the move, then the row, in one transaction
+        with transaction.atomic():
             written = job_update_with_event(rows=owned, fields=fields, type="step", step=step, status="completed")
             if written is not None:
-                return written[0].checkpoint[step]
-        # Lost meanwhile: keep the result all the same (not for a job that completed).
-        kept = Job.objects.filter(pk=job_id).exclude(status=Job.Status.COMPLETED).update(checkpoint=checkpoint)
+                _step_keep(job_id=job_id, step=step, value=value, attempt=run_attempt)
+                return JobStep.objects.get(job_id=job_id, name=step).result
+    # Lost meanwhile: keep the result all the same (not for a job that completed).
+    with transaction.atomic():
+        kept = Job.objects.select_for_update().filter(pk=job_id).exclude(status=Job.Status.COMPLETED).exists()
+        if kept:
+            _step_keep(job_id=job_id, step=step, value=value, attempt=run_attempt)
         missing = not kept and not Job.objects.filter(pk=job_id).exists()
     if missing:  # raised after the transaction, which wrote nothing (`job_transition` says why)
         raise JobNotFound(f"job {job_id} does not exist")
     raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}; the result of step {step!r} is kept")
+
+
+def _step_keep(*, job_id: Any, step: str, value: Any, attempt: int) -> None:
+    """The step's row, unless the job has one of that name (the first stored result wins). A
+    result of None is JSON's null (the ORM would write SQL's NULL, which the column refuses)."""
+    result = JSON_NULL if value is None else value
+    JobStep.objects.bulk_create([JobStep(job_id=job_id, name=step, result=result, attempt=attempt)],
+                                ignore_conflicts=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, models
-from django.db.models import CharField, F, Func, Q
+from django.db.models import CharField, F, Func, Q, Value
 from django.db.models.functions import Now
 from django.db.models.lookups import In
 from django.db.models.sql import UpdateQuery
@@ -71,7 +71,8 @@ class JobQuerySet(models.QuerySet):
 
 def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str, list] | None = None,
                          using: str, connection: Any = None, with_json: bool = True,
-                         inserts_many: bool = False, returning_also: tuple[str, list] | None = None) -> Job | None:
+                         inserts_many: bool = False,
+                         then_also: tuple[str, list, str, list] | None = None) -> Job | None:
     """`JobQuerySet.update_returning` of a statement already built, without a queryset (the
     path of every move: `jobs.events.job_update_with_event`). `connection`: `using`'s, when the
     caller has it already. `with_json=False` reads back every column but the JSON ones (the input,
@@ -79,34 +80,37 @@ def job_update_returning(statement: tuple[str, list], *, then_insert: tuple[str,
     deferred field: for a move whose caller reads none of them (a progress report, a log line),
     so that the database does not send them back at each one. `inserts_many`: `then_insert`
     inserts more than one row (a move's two events); `job._inserted_id` is then the list of their
-    ids, in the order of their `seq`. `returning_also`: `(sql, params)` of one more value the
-    UPDATE returns, read from the row it wrote (a part of a JSON column: `"checkpoint" -> %s`), set
-    as `job._returned_also` as the database sent it."""
+    ids, in the order of their `seq`. `then_also`: `(insert_sql, insert_params, value_sql,
+    value_params)`, with `then_insert`: one more `INSERT … SELECT … FROM j` in the same statement
+    (a CTE named `a`; a step's row: `jobs.events.step_checkpoint`) and one more value the statement
+    returns, `value_sql` (it may read `j` and `a`), set as `job._returned_also` as the database
+    sent it."""
     if connection is None:
         connection = connections[using]
     update_sql, params = statement
     reading = _job_row_reading(connection, with_json=with_json)
     columns, attnames, _, followed = reading
-    if returning_also is not None:
-        also_sql, also_params = returning_also
-        columns = f"{columns}, {also_sql}"
-        params = [*params, *also_params]
-    insert_sql = None
+    insert_sql = also_sql = also_value = None
     if then_insert is not None:
         insert_sql, insert_params = then_insert
         params = [*params, *insert_params]
-    sql = _returning_statement(update_sql, insert_sql, columns, inserts_many)
+    if then_also is not None:
+        if then_insert is None:
+            raise ValueError("then_also goes with then_insert (the move's event)")
+        also_sql, also_params, also_value, value_params = then_also
+        params = [*params, *also_params, *value_params]
+    sql = _returning_statement(update_sql, insert_sql, columns, inserts_many, also_sql, also_value)
     row = prepared_fetch(connection, sql, params, one=True)
     if row is None:
         return None
-    inserted_id = row[-1] if then_insert is not None else None
-    job = job_from_row(row, using=using, connection=connection, reading=reading)
-    job._inserted_id = inserted_id
     count = len(attnames)
+    extra = count + 2 if followed else count  # the inserted events' ids, then the value of `then_also`
+    job = job_from_row(row, using=using, connection=connection, reading=reading)
+    job._inserted_id = row[extra] if then_insert is not None else None
     # Who follows it, as the statement found (`jobs.followed`): its events' pushes go only there.
     job._followed = (row[count], row[count + 1]) if followed else EVERYONE
-    if returning_also is not None:
-        job._returned_also = row[count + 2 if followed else count]
+    if then_also is not None:
+        job._returned_also = row[extra + 1]
     return job
 
 
@@ -117,13 +121,16 @@ MAX_RETURNING_STATEMENTS = 512
 
 
 @functools.lru_cache(maxsize=MAX_RETURNING_STATEMENTS)
-def _returning_statement(update_sql: str, insert_sql: str | None, columns: str, inserts_many: bool = False) -> str:
+def _returning_statement(update_sql: str, insert_sql: str | None, columns: str, inserts_many: bool = False,
+                         also_sql: str | None = None, also_value: str | None = None) -> str:
     sql = f"{update_sql} RETURNING {columns}"
+    also = "" if also_sql is None else f", a AS ({also_sql})"
+    value = "" if also_value is None else f", {also_value}"
     if insert_sql is not None and inserts_many:
-        sql = (f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id, seq) "
-               f"SELECT j.*, (SELECT array_agg(i.id ORDER BY i.seq) FROM i) FROM j")
+        sql = (f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id, seq){also} "
+               f"SELECT j.*, (SELECT array_agg(i.id ORDER BY i.seq) FROM i){value} FROM j")
     elif insert_sql is not None:
-        sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id) SELECT j.*, i.id FROM j CROSS JOIN i"
+        sql = f"WITH j AS ({sql}), i AS ({insert_sql} RETURNING id){also} SELECT j.*, i.id{value} FROM j CROSS JOIN i"
     return sql
 
 
@@ -221,8 +228,6 @@ class Job(DecodedWhenReadModel):
     # away), since the job was submitted or last retried by a person: bounded by
     # JOBS_HAND_BACK_BUDGET, past which a hand-back counts as a failed attempt.
     hand_backs = models.PositiveIntegerField(default=0)
-    # {step name: its JSON result} for every finished `ctx.step`.
-    checkpoint = JSONDecodedWhenRead(default=dict, blank=True)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
     )
@@ -322,6 +327,39 @@ class Job(DecodedWhenReadModel):
     @property
     def progress(self) -> dict[str, Any]:
         return {"fraction": self.progress_fraction, "text": self.progress_text}
+
+    @property
+    def checkpoint(self) -> dict[str, Any]:
+        """{step name: its JSON result} for every finished `ctx.step`, in the order they finished:
+        the job's `JobStep` rows, read from the database at each call (a view, not a field)."""
+        if self._state.adding and self._state.db is None:
+            return {}
+        return dict(self.steps.order_by("id").values_list("name", "result"))
+
+
+# JSON's null, as a value to write: the ORM writes None as SQL's NULL.
+JSON_NULL = Value(None, output_field=models.JSONField())
+
+
+class JobStep(models.Model):
+    """A finished `ctx.step` of a job: its name and JSON result, one row each (the job's
+    checkpoint is these rows). A step's write adds its own row, so its cost does not grow with
+    the results of the steps before it (bench/README.md, "A row per step"). The first result
+    stored for a name wins (`jobs.events.step_checkpoint`); a row never changes once written."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    name = models.TextField()
+    result = models.JSONField(blank=True)  # a result of None is JSON's null
+    # The run that finished it (the job's `attempts` then), and when (the database's clock).
+    attempt = models.PositiveIntegerField(default=0)
+    finished_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        # The constraint's index, (job, name), is the one every read and write of a step uses.
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="jobstep_one_per_name")]
+
+    def __str__(self) -> str:
+        return f"step {self.name!r} of job {self.job_id}"
 
 
 class FollowedGroup(models.Model):

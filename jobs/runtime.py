@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dbkit.conf import setting
-from jobs.events import STEP_NOT_DONE, RunLost, event_append, step_begin, step_checkpoint
+from jobs.events import STEP_NOT_DONE, RunLost, event_append, step_begin, step_checkpoint, steps_finished
 from jobs.models import Job
 from jobs.storable import json_refusal, storable_text
 
@@ -132,7 +132,9 @@ class JobContext:
         self.job_id = job.pk
         self.input = job.input
         self.attempt = job.attempts
-        self._checkpoint: dict[str, Any] = dict(job.checkpoint or {})
+        # The job's finished steps (`JobStep`: name → stored result), read at this run's first
+        # step: a run without steps reads none.
+        self._checkpoint: dict[str, Any] | None = None
         self._progress_written_at = float("-inf")  # time.monotonic() of the last progress row
         self._progress_pending: tuple[float, str] | None = None
 
@@ -145,6 +147,8 @@ class JobContext:
         If `fn` raises, nothing is stored and the exception propagates (the job retries or
         fails as its kind says).
         """
+        if self._checkpoint is None:
+            self._checkpoint = steps_finished(self.job_id)
         if name in self._checkpoint:
             self._event("step", step=name, status="skipped")
             return self._checkpoint[name]

@@ -45,18 +45,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet, FieldDoesNotExist, FullResultSet
-from django.db.models import F, Q, QuerySet, Value
-from django.db.models.expressions import Col, CombinedExpression, ExpressionWrapper
-from django.db.models.fields.json import HasKey
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Value
+from django.db.models.expressions import Col, CombinedExpression, ExpressionWrapper, NegatedExpression
 from django.db.models.functions import Now
 from django.db.models.lookups import Exact
 from django.db.models.sql.subqueries import UpdateQuery
-from django.db.models.sql.where import WhereNode
 
 from dbkit.conf import setting
 from dbkit.values import comparable, lookup_preparer, save_preparer, sql_literal
 from jobs.extensions import TransitionHook
-from jobs.models import Job, status_among
+from jobs.models import Job, JobStep, status_among
 
 # The next event's number: one object for every move, whose shape is worked out once on it.
 NEXT_EVENT_SEQ = F("event_seq") + 1
@@ -81,8 +79,8 @@ class MoveRows:
     only_attempt: int | None = None
     where: Q | None = None
     no_feature_rows: bool = False
-    # A step's begin: only while the checkpoint holds no result under this key.
-    without_checkpoint_key: str | None = None
+    # A step's begin: only while the job has no finished step (`JobStep`) of this name.
+    without_step: str | None = None
     # A resume or a wake: only while the job is suspended on this (`Job.suspended_on`). A value of
     # the statement, not of its shape: every answer and every wake names its own question or wait.
     suspended_on: str | None = None
@@ -100,8 +98,8 @@ class MoveRows:
             rows = rows.filter(self.where)
         if self.no_feature_rows:
             rows = rows.filter(feature_rows=False)
-        if self.without_checkpoint_key is not None:
-            rows = rows.exclude(checkpoint__has_key=self.without_checkpoint_key)
+        if self.without_step is not None:
+            rows = rows.filter(~Exists(JobStep.objects.filter(job_id=OuterRef("pk"), name=self.without_step)))
         if self.suspended_on is not None:
             rows = rows.filter(suspended_on=self.suspended_on)
         for hook in self.unless_needed:
@@ -116,7 +114,7 @@ class MoveRows:
                 return None
         sources = None if self.sources is None else tuple(sorted(self.sources))
         return (sources, self.only_attempt is not None, where, self.no_feature_rows,
-                self.without_checkpoint_key is not None, tuple(hook.name for hook in self.unless_needed),
+                self.without_step is not None, tuple(hook.name for hook in self.unless_needed),
                 self.suspended_on is not None)
 
 
@@ -127,7 +125,7 @@ class _Kept:
     # (index in params, where the value comes from, what prepares it): the source is a column
     # written (its name; prepared by its field's preparer, `dbkit.values`, or a count of a
     # KeptExpression's parameters), or a value of the WHERE ("where:pk", "where:attempts",
-    # "where:checkpoint_key", "where:suspended_on", prepared as the lookup on its field prepares it,
+    # "where:step", "where:suspended_on", prepared as the lookup on its field prepares it,
     # `dbkit.values.lookup_preparer`; no column name has a colon)
     slots: tuple[tuple[int, str, Any], ...]
     # The places in the ORM's parameters whose values are written into `sql` (constants: `_value_kind`)
@@ -161,8 +159,8 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
             params[index] = prepare(rows.job_id, connection)
         elif source == "where:attempts":
             params[index] = prepare(rows.only_attempt, connection)
-        elif source == "where:checkpoint_key":
-            params[index] = rows.without_checkpoint_key
+        elif source == "where:step":
+            params[index] = rows.without_step
         elif source == "where:suspended_on":
             params[index] = prepare(rows.suspended_on, connection)
         elif isinstance(prepare, int):  # a KeptExpression's parameters, `prepare` of them
@@ -374,10 +372,14 @@ def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str
             count = len(compiler.compile(child)[1])
         except (EmptyResultSet, FullResultSet):  # the WHERE leaves such a child out: not kept
             return sql, params, None
-        if _is_checkpoint_key_exclusion(child, rows):
-            if count != 1 or connection.vendor != "postgresql":  # elsewhere the key becomes a JSON path
+        if _is_step_exclusion(child, rows):
+            # Its parameters: the subquery's constant (`SELECT 1`) and the step's name, the one
+            # string among them.
+            compiled = compiler.compile(child)[1]
+            names = [place for place, value in enumerate(compiled) if type(value) is str]
+            if len(names) != 1 or compiled[names[0]] != rows.without_step:
                 return sql, params, None
-            slots.append((index, "where:checkpoint_key", None))
+            slots.append((index + names[0], "where:step", None))
         elif isinstance(child, Exact) and isinstance(child.lhs, Col):
             target = child.lhs.target
             source = _where_slot(target, rows)
@@ -388,6 +390,8 @@ def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str
         index += count
     if index != len(params):
         return sql, params, None
+    if rows.without_step is not None and not any(source == "where:step" for _, source, _ in slots):
+        return sql, params, None  # the step's name was not found: a kept text would hold this one's
     return sql, params, tuple(slots)
 
 
@@ -404,13 +408,20 @@ def _where_slot(target: Any, rows: MoveRows) -> str | None:
     return None
 
 
-def _is_checkpoint_key_exclusion(child: Any, rows: MoveRows) -> bool:
-    """`NOT (checkpoint ? key)`: the WHERE's part for `MoveRows.without_checkpoint_key`."""
-    if rows.without_checkpoint_key is None or not isinstance(child, WhereNode) or not child.negated:
+def _is_step_exclusion(child: Any, rows: MoveRows) -> bool:
+    """`NOT EXISTS (SELECT 1 … FROM jobs_jobstep WHERE job_id = jobs_job.id AND name = %s)`: the
+    WHERE's part for `MoveRows.without_step` (the ORM's `filter(~Exists(...))` is an `exact`
+    lookup of the negated `Exists` with True)."""
+    if rows.without_step is None or not isinstance(child, Exact) or child.rhs is not True:
         return False
-    lookups = child.children
-    return (len(lookups) == 1 and isinstance(lookups[0], HasKey) and lookups[0].rhs == rows.without_checkpoint_key
-            and isinstance(lookups[0].lhs, Col) and lookups[0].lhs.target.name == "checkpoint")
+    negated = child.lhs
+    exists = getattr(negated, "expression", None)
+    if (not isinstance(negated, NegatedExpression) or not isinstance(exists, Exists)
+            or exists.query.model is not JobStep):
+        return False
+    names = [lookup for lookup in exists.query.where.children if isinstance(lookup, Exact)
+             and isinstance(lookup.lhs, Col) and lookup.lhs.target.name == "name"]
+    return len(exists.query.where.children) == 2 and len(names) == 1 and names[0].rhs == rows.without_step
 
 
 class KeptExpression:

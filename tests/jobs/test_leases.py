@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.leases import Heartbeat
-from jobs.models import Job
+from jobs.models import Job, JobStep
 from jobs.registry import job_kind
 from jobs.runtime import HandBack, JobContext
 from jobs.services import (
@@ -53,7 +53,7 @@ def test_an_expired_lease_sends_the_job_back_with_the_attempt_counted_and_steps_
     django_capture_on_commit_callbacks,
 ):
     job = claimed(worker="celery@gone pid 1")
-    Job.objects.filter(pk=job.pk).update(checkpoint={"1": {"step": 1}})
+    JobStep.objects.create(job_id=job.pk, name="1", result={"step": 1}, attempt=1)
     expire(job)
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         assert jobs_recover_expired_leases() == 1

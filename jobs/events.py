@@ -441,7 +441,6 @@ def steps_finished(job_id: Any) -> dict[str, Any]:
     return dict(JobStep.objects.filter(job_id=job_id).order_by("id").values_list("name", "result"))
 
 
-
 def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
     """Write the `step started` event of the run `run_attempt`, unless `step` has finished
     already (another run of the job finished it after this run loaded the checkpoint): then

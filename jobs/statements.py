@@ -123,10 +123,9 @@ class _Kept:
     sql: str
     params: tuple
     # (index in params, where the value comes from, what prepares it): the source is a column
-    # written (its name; prepared by its field's preparer, `dbkit.values`, or a count of a
-    # KeptExpression's parameters), or a value of the WHERE ("where:pk", "where:attempts",
-    # "where:step", "where:suspended_on", prepared as the lookup on its field prepares it,
-    # `dbkit.values.lookup_preparer`; no column name has a colon)
+    # written (its name; prepared by its field's preparer, `dbkit.values`), or a value of the
+    # WHERE ("where:pk", "where:attempts", "where:step", "where:suspended_on", prepared as the
+    # lookup on its field prepares it, `dbkit.values.lookup_preparer`; no column name has a colon)
     slots: tuple[tuple[int, str, Any], ...]
     # The places in the ORM's parameters whose values are written into `sql` (constants: `_value_kind`)
     literals: frozenset[int] = frozenset()
@@ -163,8 +162,6 @@ def move_statement(rows: MoveRows, fields: dict[str, Any], connection: Any) -> t
             params[index] = rows.without_step
         elif source == "where:suspended_on":
             params[index] = prepare(rows.suspended_on, connection)
-        elif isinstance(prepare, int):  # a KeptExpression's parameters, `prepare` of them
-            params[index:index + prepare] = fields[source].kept_params()
         else:  # a value written
             params[index] = prepare(fields[source], connection)
     if setting("JOBS_CHECK_MOVE_STATEMENTS"):
@@ -235,8 +232,6 @@ def _value_kinds(written: Iterable[tuple[str, Any]], model: Any = None) -> list:
                 kinds.append("value")
         elif isinstance(value, str) and not hasattr(value, "resolve_expression") and value in _choices(model, column):
             kinds.append(("constant", str.__str__(value)))  # a member of the field's choices' enum (a `TextChoices`)
-        elif hasattr(value, "kept_shape"):  # an expression that gives its own parameters (`KeptExpression`)
-            kinds.append(("kept", type(value).__qualname__, value.kept_shape()))
         elif hasattr(value, "resolve_expression"):
             kinds.append(_remembered(value, "_kept_kind", _expression_kind))
         elif hasattr(value, "prepare_database_save"):
@@ -276,8 +271,8 @@ def _literal_places(fields: dict[str, Any], slots: tuple, connection: Any) -> se
     places: set[int] = set()
     if connection.vendor != "postgresql":
         return places
-    for index, source, prepare in slots:
-        if ":" in source or isinstance(prepare, int):  # a value of the WHERE, a KeptExpression's
+    for index, source, _ in slots:
+        if ":" in source:  # a value of the WHERE
             continue
         if written_constant(fields[source], source) is not None:
             places.add(index)
@@ -350,16 +345,10 @@ def _build(rows: MoveRows, fields: dict[str, Any], connection: Any) -> tuple[str
         return sql, params, None
     slots: list[tuple[int, str, Any]] = []
     index = 0
-    for (name, original), (field, _model, value) in zip(fields.items(), query.values, strict=True):
+    for name, (field, _model, value) in zip(fields, query.values, strict=True):
         if hasattr(value, "resolve_expression"):
             resolved = value.resolve_expression(query, allow_joins=False, for_save=True)
-            compiled_params = compiler.compile(resolved)[1]
-            count = len(compiled_params)
-            if hasattr(original, "kept_shape"):
-                if list(compiled_params) != list(original.kept_params()):
-                    return sql, params, None  # it does not give its parameters as compiled
-                slots.append((index, name, count))
-            index += count
+            index += len(compiler.compile(resolved)[1])
             continue
         prepared = field.get_db_prep_save(value, connection=connection)
         if hasattr(prepared, "as_sql"):
@@ -422,19 +411,6 @@ def _is_step_exclusion(child: Any, rows: MoveRows) -> bool:
     names = [lookup for lookup in exists.query.where.children if isinstance(lookup, Exact)
              and isinstance(lookup.lhs, Col) and lookup.lhs.target.name == "name"]
     return len(exists.query.where.children) == 2 and len(names) == 1 and names[0].rhs == rows.without_step
-
-
-class KeptExpression:
-    """A mixin for an expression whose parameters change from move to move but whose SQL does
-    not: `kept_shape()` is what its SQL depends on (hashable), `kept_params()` its parameters,
-    in the order it compiles them. A move writing it is then kept like any other (checked once
-    at the build, and at every reuse under the test settings)."""
-
-    def kept_shape(self) -> Any:
-        raise NotImplementedError
-
-    def kept_params(self) -> list:
-        raise NotImplementedError
 
 
 def _check(rows: MoveRows, fields: dict[str, Any], connection: Any, kept: _Kept, params: list) -> None:

@@ -337,6 +337,8 @@ class Job(DecodedWhenReadModel):
         return dict(self.steps.order_by("id").values_list("name", "result"))
 
 
+# The longest name of a step (`ctx.step`), as its events' `step` column holds it.
+STEP_NAME_MAX = 200
 # JSON's null, as a value to write: the ORM writes None as SQL's NULL.
 JSON_NULL = Value(None, output_field=models.JSONField())
 
@@ -348,7 +350,7 @@ class JobStep(models.Model):
     stored for a name wins (`jobs.events.step_checkpoint`); a row never changes once written."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="steps", db_index=False)
-    name = models.TextField()
+    name = models.CharField(max_length=STEP_NAME_MAX)
     result = models.JSONField(blank=True)  # a result of None is JSON's null
     # The run that finished it (the job's `attempts` then), and when (the database's clock).
     attempt = models.PositiveIntegerField(default=0)
@@ -389,7 +391,7 @@ class JobEvent(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=16, choices=Type.choices)
-    step = models.CharField(max_length=200, blank=True, default="")
+    step = models.CharField(max_length=STEP_NAME_MAX, blank=True, default="")
     status = models.CharField(max_length=32, blank=True, default="")
     message = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

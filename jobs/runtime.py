@@ -25,7 +25,7 @@ from typing import Any
 
 from dbkit.conf import setting
 from jobs.events import STEP_NOT_DONE, RunLost, event_append, step_begin, step_checkpoint, steps_finished
-from jobs.models import Job
+from jobs.models import STEP_NAME_MAX, Job
 from jobs.storable import json_refusal, storable_text
 
 logger = logging.getLogger(__name__)
@@ -145,8 +145,12 @@ class JobContext:
         The result must be JSON; it is checkpointed when `fn` returns. When the step already
         finished in an earlier run, `fn` is not called and the stored result is returned.
         If `fn` raises, nothing is stored and the exception propagates (the job retries or
-        fails as its kind says).
+        fails as its kind says). `name`: a non-empty string of at most 200 characters, unique
+        within the job.
         """
+        if not isinstance(name, str) or not 0 < len(name) <= STEP_NAME_MAX:
+            raise ValueError(f"a step's name must be a non-empty string of at most {STEP_NAME_MAX} characters, "
+                             f"not {name!r:.60}")
         if self._checkpoint is None:
             self._checkpoint = steps_finished(self.job_id)
         if name in self._checkpoint:

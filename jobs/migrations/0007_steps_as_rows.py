@@ -48,7 +48,7 @@ class Migration(migrations.Migration):
             name="JobStep",
             fields=[
                 ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("name", models.TextField()),
+                ("name", models.CharField(max_length=200)),
                 ("result", models.JSONField(blank=True)),
                 ("attempt", models.PositiveIntegerField(default=0)),
                 ("finished_at", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),

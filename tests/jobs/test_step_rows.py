@@ -70,6 +70,16 @@ def test_a_run_reads_its_finished_steps_once_at_its_first_step():
                       ("three", "skipped")]
 
 
+@pytest.mark.parametrize("name", ["", "x" * 201, 7, None])
+def test_a_steps_name_is_a_short_string_or_the_step_says_so(name):
+    job, _ = job_submit(kind="demo.sleep", input={"seconds": 0, "steps": 1})
+    ctx = claim(job.pk)
+    with pytest.raises(ValueError, match="a step's name must be a non-empty string of at most 200 characters"):
+        ctx.step(name, lambda: pytest.fail("the step ran"))
+    assert ctx.step("x" * 200, lambda: 1) == 1
+    assert list(fresh(job).checkpoint) == ["x" * 200]
+
+
 # -- the migration --------------------------------------------------------------------------------
 BEFORE = ("jobs", "0006_followed")
 CHECKPOINT = {"fetch": {"rows": [1, 2, 3]}, "nothing": None, "text": "é \u2603"}

@@ -364,9 +364,10 @@ class KindRun:
         if not runs:
             return
         reference = runs[-1]
-        steps = [call.key for call in reference if call.method == "step" and call.key in job.checkpoint]
+        finished = job.checkpoint  # read once: a view of the job's step rows
+        steps = [call.key for call in reference if call.method == "step" and call.key in finished]
         for kept in range(len(steps) + 1):
-            checkpoint = {name: job.checkpoint[name] for name in steps[:kept]}
+            checkpoint = {name: finished[name] for name in steps[:kept]}
             calls, outcome = self._replay(job, checkpoint)
             where = f"the replay from checkpoint {kept}" + (f" (after step {steps[kept - 1]!r})" if kept else
                                                                " (no step finished)")

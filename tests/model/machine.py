@@ -328,12 +328,13 @@ def check_invariants(job_ids: list[Any], first_results: dict[tuple[Any, str], An
             assert job.suspended_on.startswith("wait:"), job.suspended_on
             assert (pk, job.suspended_on.removeprefix("wait:")) in active_waits, (pk, job.suspended_on)
         # No checkpoint is overwritten: a step's stored result never changes once seen.
-        for step, value in (job.checkpoint or {}).items():
+        checkpoint = job.checkpoint  # read once: a view of the job's step rows
+        for step, value in checkpoint.items():
             seen = first_results.setdefault((pk, step), value)
             assert seen == value, (pk, step, seen, value)
         for (job_id, step), value in first_results.items():
             if job_id == pk:
-                assert (job.checkpoint or {}).get(step) == value, (pk, step, value, job.checkpoint)
+                assert checkpoint.get(step) == value, (pk, step, value, checkpoint)
     # Every answered question matches its ledger.
     for question in Question.objects.filter(job__in=job_ids, status=Question.Status.ANSWERED):
         rows = list(question.decisions.filter(round=question.round).order_by("created_at", "id"))

@@ -22,7 +22,7 @@ documentation advises after loading a large amount of data
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
@@ -34,10 +34,12 @@ GROWTH = 4
 MINIMUM_ROWS = 500
 
 
-def tables_analyze_if_grown(tables: Iterable[str], *, rows_added: int = 0, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+def tables_analyze_if_grown(tables: Iterable[str], *, rows_added: int | Mapping[str, int] = 0,
+                            using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """`ANALYZE` each of `tables` (names as in `Meta.db_table`) that has outgrown its statistics;
-    returns the names analysed. `rows_added`: rows the caller has just committed to each of them,
-    which PostgreSQL's activity counters (`n_live_tup`, sent every second or so) may not count yet.
+    returns the names analysed. `rows_added`: rows the caller has just committed to each of them
+    (or to each table it names), which PostgreSQL's activity counters (`n_live_tup`, sent every
+    second or so) may not count yet.
 
     One read of the tables' statistics when none has grown. PostgreSQL only, and outside a
     transaction (`ANALYZE` would hold its lock until the caller's commit): otherwise nothing is
@@ -63,7 +65,8 @@ def tables_analyze_if_grown(tables: Iterable[str], *, rows_added: int = 0, using
                 [[connection.ops.quote_name(table) for table in tables]],
             )
             for name, counted, live in cursor.fetchall():
-                live = max(live, max(counted, 0) + rows_added)
+                added = rows_added.get(name, 0) if isinstance(rows_added, Mapping) else rows_added
+                live = max(live, max(counted, 0) + added)
                 if not _outgrown(counted=counted, live=live):
                     continue
                 cursor.execute(f"ANALYZE (SKIP_LOCKED) {connection.ops.quote_name(name)}")

@@ -16,7 +16,7 @@ from jobs.broker import Held, broker_lost_its_data, dispatch_marked, dispatch_st
 from jobs.clock import db_now, db_now_plus, db_time_filter
 from jobs.errors import InvalidTransition
 from jobs.events import event_append
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, JobStep
 from jobs.services import transitions
 from jobs.services.transitions import job_transition
 
@@ -232,9 +232,12 @@ def jobs_terminate_cancelled_runs(*, grace: float, limit: int = 100) -> int:
 
 
 def jobs_statistics_refresh(*, rows_added: int = 0) -> list[str]:
-    """`ANALYZE` the jobs' and the events' tables if they have outgrown their statistics
-    (`dbkit.statistics`): then every connection plans its kept statements again, made while the
-    tables were small (a sequential scan kept by each event's foreign-key check). Run by each
-    reconciler pass (jobs submitted one by one, through the API) and by a batch submit after
-    its commit (`rows_added`: the jobs it added). Returns the tables analysed."""
-    return tables_analyze_if_grown([Job._meta.db_table, JobEvent._meta.db_table], rows_added=rows_added)
+    """`ANALYZE` the jobs', the events' and the steps' tables if they have outgrown their
+    statistics (`dbkit.statistics`): then every connection plans its kept statements again, made
+    while the tables were small (a sequential scan kept by each event's foreign-key check, and by
+    each step's test for a finished step of its name). Run by each reconciler pass (jobs submitted
+    one by one, through the API; steps) and by a batch submit after its commit (`rows_added`: the
+    jobs it added, each with its first event). Returns the tables analysed."""
+    jobs, events = Job._meta.db_table, JobEvent._meta.db_table
+    return tables_analyze_if_grown([jobs, events, JobStep._meta.db_table],
+                                   rows_added={jobs: rows_added, events: rows_added})

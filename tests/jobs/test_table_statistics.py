@@ -111,6 +111,49 @@ def test_a_batch_submit_into_a_young_table_takes_its_statistics(worker):
     assert (sequential, by_index) == (0, CHECKED)
 
 
+def _step_begins_scans(conn, job_id, names: list[str]) -> tuple[int, int]:
+    """(sequential, index) scans of jobs_jobstep while `conn` tests, as a step's begin does, that
+    `job_id` has no finished step of each of `names` (a prepared statement, as a pool process's)."""
+    counters = "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relname = 'jobs_jobstep'"
+    with conn.transaction():
+        before = conn.execute(counters).fetchone()
+        for name in names:
+            conn.execute("SELECT 1 FROM jobs_job j WHERE j.id = %s AND NOT EXISTS "
+                         "(SELECT 1 FROM jobs_jobstep s WHERE s.job_id = j.id AND s.name = %s)", [job_id, name],
+                         prepare=True)
+        after = conn.execute(counters).fetchone()
+    return after[0] - before[0], after[1] - before[1]
+
+
+def test_a_step_begins_plan_made_on_a_tiny_steps_table_is_made_again_once_the_table_grew(worker, monkeypatch):
+    """A pool process's connection keeps its step's begin (a test for a finished step of that
+    name) planned while the steps' table held nothing: a scan of the whole table at every step,
+    until the reconciler's pass takes the table's statistics again."""
+    from jobs.models import JobStep
+
+    job_id = Job.objects.values_list("pk", flat=True).first()
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE jobs_jobstep SET (autovacuum_enabled = false)")
+        cursor.execute("ANALYZE jobs_jobstep")
+    try:
+        names = [f"s{index}" for index in range(CHECKED)]
+        _step_begins_scans(worker, job_id, names[:10])  # planned: five custom plans, then a generic one kept
+        JobStep.objects.bulk_create([JobStep(job_id=job_id, name=f"grown {index}", result=index, attempt=1)
+                                     for index in range(GROWN)])
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+        sequential, _ = _step_begins_scans(worker, job_id, names)
+        assert sequential >= CHECKED  # the situation: each step's test reads the whole table
+
+        assert "jobs_jobstep" in jobs_statistics_refresh()  # the reconciler's pass
+
+        sequential, by_index = _step_begins_scans(worker, job_id, names)
+        assert (sequential, by_index) == (0, CHECKED)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE jobs_jobstep RESET (autovacuum_enabled)")
+
+
 def test_small_tables_and_tables_in_step_with_their_statistics_are_left_alone(no_autovacuum):
     assert jobs_statistics_refresh() == []  # empty
     with connection.cursor() as cursor:

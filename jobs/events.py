@@ -441,6 +441,11 @@ def steps_finished(job_id: Any) -> dict[str, Any]:
     return dict(JobStep.objects.filter(job_id=job_id).order_by("id").values_list("name", "result"))
 
 
+def _step_stored(job_id: Any, step: str) -> Any:
+    """The stored result of the job's finished step `step`, read on its own."""
+    return JobStep.objects.get(job_id=job_id, name=step).result
+
+
 def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
     """Write the `step started` event of the run `run_attempt`, unless `step` has finished
     already (another run of the job finished it after this run loaded the checkpoint): then
@@ -459,7 +464,7 @@ def step_begin(*, job_id: Any, run_attempt: int, step: str) -> Any:
         raise JobNotFound(f"job {job_id} does not exist")
     if current["status"] != Job.Status.PROCESSING or current["attempts"] != run_attempt:
         raise RunLost(f"job {job_id} is no longer run by attempt {run_attempt}")
-    return JobStep.objects.get(job_id=job_id, name=step).result
+    return _step_stored(job_id, step)
 
 
 def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> Any:
@@ -490,13 +495,13 @@ def step_checkpoint(*, job_id: Any, run_attempt: int, step: str, value: Any) -> 
                 field = JobStep._meta.get_field("result")
                 return converted(written[0]._returned_also, field, column_converters(connection, field), connection)
             # Stored by a run whose write this statement waited for and could not see: read it now.
-            return JobStep.objects.get(job_id=job_id, name=step).result
+            return _step_stored(job_id, step)
     else:  # elsewhere (SQLite, whose writers are serialised): the move, then the row, in one transaction
         with transaction.atomic():
             written = job_update_with_event(rows=owned, fields=fields, type="step", step=step, status="completed")
             if written is not None:
                 _step_keep(job_id=job_id, step=step, value=value, attempt=run_attempt)
-                return JobStep.objects.get(job_id=job_id, name=step).result
+                return _step_stored(job_id, step)
     # Lost meanwhile: keep the result all the same (not for a job that completed).
     with transaction.atomic():
         kept = Job.objects.select_for_update().filter(pk=job_id).exclude(status=Job.Status.COMPLETED).exists()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connections
 from django.db.models import BooleanField, ExpressionWrapper
 from django.db.models.sql.compiler import SQLCompiler
 
@@ -47,6 +49,52 @@ def test_the_rows_are_the_querysets_own_with_their_related_rows(monkeypatch, set
     with django_assert_num_queries(0):
         assert rows[0].user.pk == ann.pk  # the joined user came with the row
     assert read.rows(10**9, using="default") == []
+
+
+@pytest.mark.django_db(transaction=True)  # the other thread's connection sees the rows
+def test_a_read_built_in_one_thread_is_not_built_again_in_another(monkeypatch, settings):
+    """A web process hands its requests round a pool of threads, each with a connection of its
+    own: what one thread's built, the others take (dbkit.per_connection). Each built it again at
+    its first request of a kind, some 15 ms of an answer's."""
+    settings.KEPT_READS_CHECK = False
+    ann = get_user_model().objects.create_user("ann")
+    for name in ["b", "a"]:
+        api_token_create(user=ann, name=name)
+    read = KeptRead(by_owner, stand_ins=(-1,))
+    assert [t.name for t in read.rows(ann.pk, using="default")] == ["a", "b"]
+    compiled = []
+    as_sql = SQLCompiler.as_sql
+    monkeypatch.setattr(SQLCompiler, "as_sql",
+                        lambda compiler, *args, **kwargs: compiled.append(1) or as_sql(compiler, *args, **kwargs))
+
+    def in_another_thread() -> tuple[list, object]:
+        try:
+            return [(t.name, t.user.username) for t in read.rows(ann.pk, using="default")], connections["default"]
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        rows, others = pool.submit(in_another_thread).result()
+    assert others is not connections["default"]  # a connection of its own
+    assert rows == [("a", "ann"), ("b", "ann")] and compiled == []
+
+
+def test_what_is_forgotten_is_built_again_in_every_thread(monkeypatch, settings):
+    from dbkit.per_connection import forget, once_per_connection
+
+    built = []
+    connection = connections["default"]
+    key = "_tests_kept_once"
+    try:
+        assert once_per_connection(connection, key, lambda: built.append(1) or "first") == "first"
+        assert once_per_connection(connection, key, lambda: built.append(2) or "second") == "first"
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            assert pool.submit(once_per_connection, connections["default"], key, lambda: "other").result() == "first"
+        forget(connection, key)
+        assert once_per_connection(connection, key, lambda: built.append(3) or "third") == "third"
+        assert built == [1, 3]
+    finally:
+        forget(connection, key)
 
 
 def test_a_stand_in_that_is_not_a_parameter_of_its_own_is_refused_with_the_statement():

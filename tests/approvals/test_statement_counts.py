@@ -68,8 +68,8 @@ def test_an_answer_through_the_api_takes_no_savepoint_beyond_the_requests_own(mo
     assert events[-2][3] == {"by": "desk", "channel": "api", "answer": {"approved": True}}
 
 
-def test_an_answers_ledger_row_is_built_once_per_connection_and_checked_where_the_check_is_on(monkeypatch, settings):
-    """The ledger's INSERT is kept per connection (dbkit.inserts): the second answer's is not
+def test_an_answers_ledger_row_is_built_once_and_checked_where_the_check_is_on(monkeypatch, settings):
+    """The ledger's INSERT is kept (dbkit.inserts, for every thread of the process): the second answer's is not
     built by the compiler; with the check on (the test settings) a kept text that is not the
     compiler's is caught."""
     from unittest import mock
@@ -78,6 +78,7 @@ def test_an_answers_ledger_row_is_built_once_per_connection_and_checked_where_th
 
     from approvals.models import Decision
     from dbkit.inserts import KEPT
+    from dbkit.per_connection import forget
 
     monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
     api = client_for(make_user("desk", reviewer=True))
@@ -99,11 +100,13 @@ def test_an_answers_ledger_row_is_built_once_per_connection_and_checked_where_th
     settings.KEPT_READS_CHECK = True
     wrapper = connections["default"]
     kept = wrapper.__dict__[KEPT]
-    for key in [key for key in kept if key[0] is Decision]:
-        kept[key] = kept[key].replace('"kind"', '"kind" ', 1)
-    with pytest.raises(AssertionError, match="differs from the compiler's"):
-        api.post(f"/api/questions/{third.pk}/answer/", {"answer": {"approved": True}}, format="json")
-    wrapper.__dict__.pop(KEPT)
+    try:
+        for key in [key for key in kept if key[0] is Decision]:
+            kept[key] = kept[key].replace('"kind"', '"kind" ', 1)
+        with pytest.raises(AssertionError, match="differs from the compiler's"):
+            api.post(f"/api/questions/{third.pk}/answer/", {"answer": {"approved": True}}, format="json")
+    finally:
+        forget(wrapper, KEPT)  # the texts are the process's, every thread's: none is left changed
 
 
 def test_a_submit_through_the_api_is_one_statement_after_the_token(monkeypatch):

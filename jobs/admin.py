@@ -3,27 +3,64 @@ every change goes through `jobs.services`."""
 
 from __future__ import annotations
 
+import uuid
 from functools import partial
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import CharField
+from django.db.models.functions import Cast, Left
 from django.forms.models import _get_foreign_key
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from jobs.admin_actions import admin_apply_each
 from jobs.errors import PlatformError
 from jobs.extensions import job_admin_inlines, job_admin_links
 from jobs.json_input import json_parse
-from jobs.models import Job
+from jobs.models import Job, JobStep
 from jobs.presenters import json_block, time_with_age
 from jobs.registry import kinds_all
 from jobs.selectors import job_children_counts
 from jobs.services import job_cancel, job_retry, job_submit
+
+# A job's page lists its newest finished steps, each result cut to a preview; the steps' own list
+# (JobStepAdmin, a page at a time) has them all, and a step's page its whole result. The page
+# once showed every step's whole result in one block: a job of a thousand 1 kB steps made a page
+# of over a megabyte.
+STEPS_SHOWN = 10
+STEP_RESULT_PREVIEW = 200  # characters of a result's JSON in a list of steps
+
+
+def steps_with_previews():
+    """A job's steps, their results left in the database but for their first characters
+    (`result_preview`, one more than shown: a longer one is cut)."""
+    return JobStep.objects.defer("result").annotate(
+        result_preview=Left(Cast("result", output_field=CharField()), STEP_RESULT_PREVIEW + 1))
+
+
+def step_preview(step: JobStep) -> str:
+    text = step.result_preview
+    return text if len(text) <= STEP_RESULT_PREVIEW else text[:STEP_RESULT_PREVIEW] + "…"
+
+
+def steps_newest(job: Job) -> tuple[list[JobStep], int]:
+    """The job's newest `STEPS_SHOWN` finished steps, newest first, and how many it has: read
+    once for the page (its block, and whether to show it)."""
+    kept = job.__dict__.get("_admin_steps")
+    if kept is None:
+        newest = list(steps_with_previews().filter(job=job).order_by("-id")[:STEPS_SHOWN + 1])
+        count = len(newest) if len(newest) <= STEPS_SHOWN else JobStep.objects.filter(job=job).count()
+        kept = job.__dict__["_admin_steps"] = (newest[:STEPS_SHOWN], count)
+    return kept
+
+
+def job_steps_url(job_id: object) -> str:
+    return reverse("admin:jobs_jobstep_changelist") + f"?job__id__exact={job_id}"
 
 
 class JobSubmitForm(forms.Form):
@@ -62,12 +99,12 @@ class JobAdmin(admin.ModelAdmin):
     change_form_template = "admin/jobs/job/change_form.html"
     fieldsets = (
         (None, {"fields": ("id", "kind", "owner", "attempts_display", "family", "links")}),
-        ("Data", {"fields": ("input_display", "error_display", "checkpoint_display")}),
+        ("Data", {"fields": ("input_display", "error_display", "steps_display")}),
         ("Times (UTC)", {"fields": ("created_display", "updated_display", "started_display", "finished_display",
                                     "run_after_display")}),
     )
     readonly_fields = (
-        "id", "kind", "owner", "attempts_display", "input_display", "error_display", "checkpoint_display",
+        "id", "kind", "owner", "attempts_display", "input_display", "error_display", "steps_display",
         "created_display",
         "updated_display", "started_display", "finished_display", "run_after_display", "links", "family",
     )
@@ -95,9 +132,23 @@ class JobAdmin(admin.ModelAdmin):
         """The whole error, traceback included, for staff (pages and the API show it without)."""
         return json_block(job.error)
 
-    @admin.display(description="checkpoint (finished steps)")
-    def checkpoint_display(self, job: Job) -> str:
-        return json_block(job.checkpoint)
+    @admin.display(description="finished steps")
+    def steps_display(self, job: Job) -> str:
+        """The newest finished steps (`ctx.step`: skipped when the job runs again), each result's
+        first characters; all of them a page at a time on the steps' own list."""
+        newest, count = steps_newest(job)
+        if count > len(newest):
+            said = format_html('{} finished, the newest {} here: <a href="{}">all {} steps</a>',
+                               count, len(newest), job_steps_url(job.pk), count)
+        else:
+            said = format_html("{} finished, the newest first", count)
+        rows = format_html_join("", '<tr><td><a href="{}"><code>{}</code></a></td><td>{}</td><td>{}</td>'
+                                    '<td><code class="step-result">{}</code></td></tr>',
+                                ((reverse("admin:jobs_jobstep_change", args=[step.pk]), step.name, step.attempt,
+                                  time_with_age(step.finished_at), step_preview(step)) for step in newest))
+        return format_html('<p class="steps-said">{}</p><table class="job-steps"><thead><tr><th>step</th>'
+                           "<th>attempt</th><th>finished</th><th>result</th></tr></thead><tbody>{}</tbody></table>",
+                           said, rows)
 
     @admin.display(description="created")
     def created_display(self, job: Job) -> str:
@@ -120,10 +171,10 @@ class JobAdmin(admin.ModelAdmin):
         return time_with_age(job.run_after)
 
     def get_fieldsets(self, request, obj=None):
-        """Rows with nothing to say are left out (no checkpoint yet, no retry due)."""
+        """Rows with nothing to say are left out (no finished step yet, no retry due)."""
         if obj is None:
             return self.fieldsets
-        empty = {"checkpoint_display": not obj.checkpoint, "error_display": not obj.error,
+        empty = {"steps_display": not steps_newest(obj)[1], "error_display": not obj.error,
                  "run_after_display": obj.run_after is None,
                  "started_display": obj.started_at is None, "finished_display": obj.finished_at is None}
         fieldsets = []
@@ -235,3 +286,81 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(description="Retry selected failed or cancelled jobs", permissions=["operate"])
     def retry_jobs(self, request, queryset):
         self._apply(request, queryset, job_retry, "Retried")
+
+
+@admin.register(JobStep)
+class JobStepAdmin(admin.ModelAdmin):
+    """A job's finished steps, a page at a time, reached from the job's page (not listed on the
+    admin's index: steps are read per job). Read-only, like the job; whoever may view jobs may
+    view their steps."""
+
+    list_display = ("name", "attempt", "finished_display", "result_preview_display")
+    list_display_links = ("name",)
+    search_fields = ("name",)
+    ordering = ("-id",)  # the newest first, as on the job's page
+    list_per_page = 100
+    show_full_result_count = False
+    fields = ("job_display", "name", "attempt", "finished_display", "result_display")
+    readonly_fields = fields
+
+    class Media:
+        css = {"all": ("jobs/admin.css",)}
+
+    def get_queryset(self, request):
+        return steps_with_previews()
+
+    def lookup_allowed(self, lookup, value, request=None):
+        return lookup == "job__id__exact" or super().lookup_allowed(lookup, value, request)
+
+    def changelist_view(self, request, extra_context=None):
+        """Only one job's steps: all of every job's would be the largest table's count and pages."""
+        job_id = request.GET.get("job__id__exact", "")
+        job = Job.objects.filter(pk=job_id).only("kind").first() if _is_uuid(job_id) else None
+        if job is None:
+            self.message_user(request, "A job's steps are listed from its page: open the job, then "
+                                       "\"all … steps\".", messages.INFO)
+            return HttpResponseRedirect(reverse("admin:jobs_job_changelist"))
+        title = f"Finished steps of {job.kind} job {str(job.pk)[:8]}"
+        return super().changelist_view(request, extra_context={**(extra_context or {}), "title": title,
+                                                               "subtitle": None})
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished_display(self, step: JobStep) -> str:
+        return time_with_age(step.finished_at)
+
+    @admin.display(description="result")
+    def result_preview_display(self, step: JobStep) -> str:
+        return format_html('<code class="step-result">{}</code>', step_preview(step))
+
+    @admin.display(description="job")
+    def job_display(self, step: JobStep) -> str:
+        return format_html('<a href="{}">{}</a> · <a href="{}">its steps</a>',
+                           reverse("admin:jobs_job_change", args=[step.job_id]), step.job_id,
+                           job_steps_url(step.job_id))
+
+    @admin.display(description="result")
+    def result_display(self, step: JobStep) -> str:
+        return json_block(step.result)
+
+    def has_module_permission(self, request) -> bool:
+        return False  # not on the index: a job's page links to its steps
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("jobs.view_job")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # a step goes with its job
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True

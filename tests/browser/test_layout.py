@@ -23,6 +23,7 @@ def pages(review: Question, slept: Job) -> list[tuple[str, str, str, str | None]
         ("question-page", "rita", f"/admin/approvals/question/{review.pk}/change/", "[name=_approve]"),
         ("inbox", "rita", "/admin/approvals/question/", None),
         ("admin-job", "boss", f"/admin/jobs/job/{slept.pk}/change/", None),
+        ("admin-job-steps", "boss", f"/admin/jobs/jobstep/?job__id__exact={slept.pk}", None),
     ]
 
 

@@ -1,4 +1,5 @@
-"""One row's INSERT, built by Django's compiler once per connection and then reused.
+"""One row's INSERT, built by Django's compiler once (per process, for every thread's connection:
+`dbkit.per_connection`) and then reused.
 
 A row written on a hot path (an API submit's job, an answer's ledger row) went through
 `Model.save` or the compiler every time: the compiler's pass over the fields cost more CPU than

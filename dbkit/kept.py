@@ -1,4 +1,5 @@
-"""A read of a fixed shape, built by the ORM once per connection and then reused.
+"""A read of a fixed shape, built by the ORM once (per process, for every thread's connection:
+`dbkit.per_connection`) and then reused.
 
 Some reads run on every request or every job: an API request's token lookup, a finished job's
 look for its owner's webhooks. Building such a statement through the ORM (the queryset, its

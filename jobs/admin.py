@@ -314,6 +314,8 @@ class JobStepAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request, extra_context=None):
         """Only one job's steps: all of every job's would be the largest table's count and pages."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
         job_id = request.GET.get("job__id__exact", "")
         job = Job.objects.filter(pk=job_id).only("kind").first() if _is_uuid(job_id) else None
         if job is None:

@@ -39,7 +39,7 @@ from django.urls import URLResolver, get_resolver
 from accounts.services import api_token_create, api_token_revoke
 from approvals.models import Decision
 from approvals.services.ledger import decision_record
-from jobs.models import Job
+from jobs.models import Job, JobStep
 from jobs.runner import job_execute
 from jobs.services import job_submit
 from tests.approvals.conftest import paused_on
@@ -99,10 +99,11 @@ def _world_build(number: int) -> World:
     job_execute(job_id=done.pk)
     decision = decision_record(question=question, kind=Decision.Kind.REOPENED, channel=Decision.Channel.SYSTEM)
     wait = Wait.objects.create(job=done, key="render", token_salt="salt", token_hash=uuid.uuid4().hex * 2)
+    step = JobStep.objects.create(job=done, name="render", result={"frames": 3})
     ids = {
         "job": job.pk, "question": question.pk, "done": done.pk, "webhook": webhook.pk, "decision": decision.pk,
         "delivery": WebhookDelivery.objects.get(job=done).pk, "wait": wait.pk, "token": revoked.pk,
-        "user": creator.pk, "group": Group.objects.get(name="reviewers").pk,
+        "user": creator.pk, "group": Group.objects.get(name="reviewers").pk, "step": step.pk,
         "ct": ContentType.objects.get_for_model(Job).pk, "missing": "0" * 32,
     }
     return World(users=users, keys=keys, ids=ids)
@@ -249,13 +250,18 @@ ADMIN = [
 # statuses of a superuser differ only where the admin refuses a page to everyone (a read-only model).
 ADMIN_OBJECTS = {"auth.group": "group", "auth.user": "user", "accounts.apitoken": "token",
                  "approvals.decision": "decision", "approvals.question": "question", "waits.wait": "wait",
-                 "jobs.job": "done", "webhooks.webhook": "webhook", "webhooks.webhookdelivery": "delivery"}
+                 "jobs.job": "done", "jobs.jobstep": "step", "webhooks.webhook": "webhook",
+                 "webhooks.webhookdelivery": "delivery"}
 SUPERUSER_REFUSED = {  # (model, page): what a superuser gets where the admin allows nobody
     ("approvals.decision", "add"): 403, ("approvals.decision", "delete"): 403,  # the ledger is append-only
     ("approvals.question", "add"): 403, ("approvals.question", "delete"): 403,  # jobs ask questions
     ("waits.wait", "add"): 403, ("waits.wait", "delete"): 403,                  # jobs park on waits
     ("webhooks.webhookdelivery", "add"): 403,                                    # status changes queue them
     ("webhooks.webhook", "add"): 403,                                            # owners register through the API
+    ("jobs.jobstep", "add"): 403, ("jobs.jobstep", "delete"): 403,              # runs write them; gone with the job
+    # Not a refusal: the steps' list is one job's (`?job__id__exact=`); without a job it sends a
+    # superuser to the jobs' list (tests/jobs/test_admin_page.py).
+    ("jobs.jobstep", "changelist"): 302,
 }
 
 

@@ -18,6 +18,7 @@ T = TypeVar("T")
 
 # {(alias, vendor, key): what was built}: for the connections of every thread of this process.
 _shared: dict[tuple[str, str, str], Any] = {}
+_MISSING: Any = object()
 
 
 def once_per_connection(connection: Any, key: str, build: Callable[[], T]) -> T:
@@ -45,6 +46,3 @@ def forget(connection: Any, key: str) -> None:
     asks for it next (a test that changed what is kept)."""
     connection.__dict__.pop(key, None)
     _shared.pop((connection.alias, connection.vendor, key), None)
-
-
-_MISSING: Any = object()

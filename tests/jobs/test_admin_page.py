@@ -111,6 +111,11 @@ def test_a_jobs_steps_list_pages_through_them_and_a_steps_page_has_its_whole_res
     assert re.findall(r">part (\d+)</a>", last) == [str(n) for n in range(10, 0, -1)]
     found = client.get(listing, {"job__id__exact": str(job.pk), "q": "part 42"}).content.decode()
     assert re.findall(r">part (\d+)</a>", found) == ["42"]
+    # The way back from a search keeps the job (Django's own "Show all" is "?", the jobs' list).
+    back = re.findall(r'\(<a href="([^"]*)">([^<]*)</a>\)', found)
+    assert back == [(f"?job__id__exact={job.pk}", "all of this job's steps")]
+    assert client.get(listing + back[0][0]).status_code == 200
+    assert 'href="?"' not in first and "all of this job's steps" not in first  # nothing to go back to
     step = JobStep.objects.get(job=job, name="part 7")
     page = client.get(reverse("admin:jobs_jobstep_change", args=[step.pk])).content.decode()
     assert "x" * 300 in page and str(job.pk) in page

@@ -15,7 +15,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals.models import Question
-from approvals.selectors import question_decisions, question_get_visible, questions_visible_to, with_approvals
+from approvals.selectors import (
+    question_decisions,
+    question_get_visible,
+    question_visible_job_id,
+    questions_visible_to,
+    with_approvals,
+)
 from approvals.serializers import (
     AnswerSerializer,
     DecisionSerializer,
@@ -86,17 +92,17 @@ class QuestionViewSet(UUIDLookup, viewsets.GenericViewSet):
     )
     @action(detail=True, methods=["post"])
     def answer(self, request: Request, pk: str) -> Response:
-        question = question_get_visible(user=request.user, question_id=pk)
+        job_id = question_visible_job_id(user=request.user, question_id=pk)  # 404 before 400
         body = AnswerSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         question = question_answer(
-            question_id=question.pk,
+            question_id=pk,
             user=request.user,
             answer=body.validated_data["answer"],
             comment=body.validated_data["comment"],
             channel="api",
             client_address=request_client_address(request),
-            job_id=question.job_id,
+            job_id=job_id,
         )
         return Response(QuestionSerializer(question).data)
 

@@ -96,58 +96,70 @@ def with_approvals(questions: QuerySet[Question]) -> QuerySet[Question]:
     return questions.annotate(approvals_in_round=Coalesce(Subquery(votes), 0))
 
 
-def _visible_one(user: Any, question_id: Any) -> QuerySet[Question]:
-    return questions_visible_to(user, per_row=True).select_related("answered_by").filter(pk=question_id).order_by()
+def _visible_one(user: Any, question_id: Any, job_id_only: bool = False) -> QuerySet[Question]:
+    visible = questions_visible_to(user, per_row=True).filter(pk=question_id).order_by()
+    return visible.values_list("job_id") if job_id_only else visible.select_related("answered_by")
 
 
 # `question_get_visible` runs on every answer and every question page: its statement is built once
 # per connection (dbkit.kept) for each *shape* of user, everything about them that decides its
 # text: staff (who see every question, so nothing else about them matters), else superuser or not,
 # whether they may answer at all, and the kinds that allow self-approval. Their id is the read's
-# value.
+# value. Each shape has two reads: the whole question, and only its job's id (`question_visible_job_id`).
 _VISIBLE_READS: dict[tuple, KeptRead] = {}
 _STAFF = (True, False, False, ())
 
 
-def _visible_read(user: Any) -> KeptRead:
+def _visible_read(user: Any, job_id_only: bool = False) -> KeptRead:
     shape = _STAFF if user.is_staff else (
         False, user.is_superuser, _may_answer_at_all(user), tuple(kinds_allowing_self_approval()))
-    read = _VISIBLE_READS.get(shape)
+    read = _VISIBLE_READS.get((shape, job_id_only))
     if read is None:
         is_staff, is_superuser, may_answer, _ = shape
 
         def build(question_id: Any, user_id: Any = None) -> QuerySet[Question]:
             stand_in = get_user_model()(pk=user_id, is_staff=is_staff, is_superuser=is_superuser, is_active=True)
             stand_in._perm_cache = {ANSWER_PERMISSION} if may_answer else set()
-            return _visible_one(stand_in, question_id)
+            return _visible_one(stand_in, question_id, job_id_only)
 
         # For staff the user's id is not in the statement.
-        read = _VISIBLE_READS[shape] = KeptRead(build, stand_ins=(uuid.UUID(int=0),) if is_staff
-                                                else (uuid.UUID(int=0), -1))
+        read = _VISIBLE_READS[shape, job_id_only] = KeptRead(build, stand_ins=(uuid.UUID(int=0),) if is_staff
+                                                             else (uuid.UUID(int=0), -1))
     if settings.KEPT_READS_CHECK:  # the shape must hold everything of the user's that the statement uses
         stand_in = read.build(uuid.UUID(int=0), user.pk).query.sql_with_params()
-        assert _visible_one(user, uuid.UUID(int=0)).query.sql_with_params() == stand_in, (shape, stand_in)
+        assert _visible_one(user, uuid.UUID(int=0), job_id_only).query.sql_with_params() == stand_in, (
+            shape, stand_in)
     return read
 
 
 def question_get_visible(*, user: Any, question_id: Any) -> Question:
     """The question `question_id` if `user` may see it; QuestionNotFound otherwise (as if it did
     not exist)."""
+    return _visible_row(user, question_id, job_id_only=False)
+
+
+def question_visible_job_id(*, user: Any, question_id: Any) -> Any:
+    """The id of the job of question `question_id` if `user` may see the question;
+    QuestionNotFound otherwise, as `question_get_visible`. For a caller that goes on to read the
+    question again under its lock (an answer): the question's prompt, schema and details (up to
+    the size of a document under review) are not read twice."""
+    return _visible_row(user, question_id, job_id_only=True)[0]
+
+
+def _visible_row(user: Any, question_id: Any, *, job_id_only: bool) -> Any:
     from approvals.services import QuestionNotFound
 
     try:
         if user is None or not user.is_authenticated or not user.is_active:
-            question = None
+            found = None
         else:
-            read = _visible_read(user)
             values = (question_id,) if user.is_staff else (question_id, user.pk)
-            found = read.rows(*values, using=Question.objects.db)
-            question = found[0] if found else None
+            found = _visible_read(user, job_id_only).rows(*values, using=Question.objects.db)
     except (ValueError, TypeError, ValidationError):  # not a UUID
-        question = None
-    if question is None:
+        found = None
+    if not found:
         raise QuestionNotFound(f"question {question_id} does not exist")
-    return question
+    return found[0]
 
 
 def question_decisions(question: Question) -> QuerySet[Decision]:

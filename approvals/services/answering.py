@@ -26,10 +26,12 @@ from approvals.policies import policy_describe
 from approvals.schemas import QuestionType
 from approvals.selectors import ANSWER_PERMISSION, assigned_to, kinds_allowing_self_approval, with_approvals
 from approvals.services.ledger import decision_record
+from dbkit.instances import JSONDecodedWhenRead
 from dbkit.kept import KeptRead
 from jobs.clock import db_now
 from jobs.conflicts import retry_on_conflict
 from jobs.events import event_append
+from jobs.models import Job
 from jobs.services import job_lock, job_resume
 from jobs.timestamps import iso_utc
 
@@ -141,15 +143,22 @@ def question_answer(
     return question
 
 
+_JOB_JSON = tuple(f"job__{field.name}" for field in Job._meta.concrete_fields if isinstance(field, JSONDecodedWhenRead))
+
+
 def _locked(question_id: Any, user_id: Any) -> QuerySet[Question]:
     # Not select_related("answered_by"): when this waits for another answer's lock, PostgreSQL
     # re-reads the locked row but not the joined user, which would still be "nobody".
     # With the round's approvals so far and whether one of them is `user_id`'s, for a quorum's
     # vote: read after the job's lock, which every answer takes first and holds until its commit,
     # so no earlier vote is missed (the statement's snapshot is taken once that lock is held).
+    # The job for who submitted it and its kind (`question_check_can_answer`), without its JSON
+    # (the input, the result, ...): a job's input may be a whole document, which an answer reads
+    # nowhere; a deferred field is read from the database if anything ever reads it.
     theirs = Decision.objects.filter(question_id=OuterRef("pk"), round=OuterRef("round"),
                                      kind=Decision.Kind.APPROVED, actor_id=user_id)
-    locked = Question.objects.select_for_update(of=("self",)).select_related("job").filter(pk=question_id)
+    locked = (Question.objects.select_for_update(of=("self",)).select_related("job").defer(*_JOB_JSON)
+              .filter(pk=question_id))
     return with_approvals(locked.order_by()).annotate(answerer_approved=Exists(theirs))
 
 

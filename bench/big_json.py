@@ -15,6 +15,12 @@ a run makes, called as a run calls them.
    per step, and on PostgreSQL the write-ahead log it wrote (the server's: run it with nothing else
    writing), at the start, in the middle and at the end, as the checkpoint grows.
 
+3. **Answers.** `--answers` paused `demo.review` jobs whose document is `--document-kb` (its
+   question's details carry it too), and as many with a one-line document, alternating, twice
+   each way: each answered through the API (`POST /api/questions/{id}/answer/`, Django's test
+   client in this process, a reviewer's token), one at a time. CPU and wall time per answer,
+   medians.
+
 Writes `bench/results/big-json-<UTC timestamp>.json` (`--no-write`: print only).
 """
 
@@ -97,6 +103,43 @@ def steps_timed(count: int, step_kb: int) -> list[dict[str, Any]]:
             for start, end in spans]
 
 
+def answers_timed(document_chars: int, count: int) -> dict[str, float]:
+    """CPU and wall ms per answer of `count` paused `demo.review` jobs, each holding a document of
+    `document_chars` characters, answered one at a time through the API."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from accounts.services import api_token_create
+    from approvals.models import Question
+    from jobs.runner import job_execute
+    from jobs.services import job_submit
+
+    reviewer = get_user_model().objects.filter(username="bench-reviewer").first()
+    if reviewer is None:
+        reviewer = get_user_model().objects.create_superuser("bench-reviewer", "bench@example.org", None)
+    client = Client(HTTP_AUTHORIZATION=f"Token {api_token_create(user=reviewer, name='big json')[1]}")
+    body = json.dumps({"answer": {"approved": True}})
+    cpu, wall = [], []
+    with mock.patch("jobs.services.transitions.job_dispatch"):
+        ids = []
+        for index in range(count):
+            job, _ = job_submit(kind="demo.review", input={"document": f"{index} ".ljust(document_chars, "x")})
+            job_execute(job_id=job.pk)  # it asks, and pauses
+            ids.append(job.pk)
+        questions = Question.objects.filter(job_id__in=ids, status="open").values_list("pk", flat=True)
+        for question_id in questions:
+            started_cpu, started = time.process_time(), time.perf_counter()
+            response = client.post(f"/api/questions/{question_id}/answer/", body, content_type="application/json")
+            cpu.append(time.process_time() - started_cpu)
+            wall.append(time.perf_counter() - started)
+            if response.status_code != 200:
+                raise SystemExit(f"big_json: the answer was refused: {response.status_code} {response.content[:300]!r}")
+    if len(cpu) != count:
+        raise SystemExit(f"big_json: {len(cpu)} of {count} review jobs paused on their question")
+    return {"cpu_ms_per_answer": round(statistics.median(cpu) * 1000, 3),
+            "wall_ms_per_answer": round(statistics.median(wall) * 1000, 3)}
+
+
 def _wal_position() -> int | None:
     """Where PostgreSQL's write-ahead log is, in bytes (the whole server's: run this bench with
     nothing else writing), or None on another database."""
@@ -109,16 +152,26 @@ def _wal_position() -> int | None:
         return int(cursor.fetchone()[0])
 
 
-def measure(*, events: int, input_kb: int, steps: int, step_kb: int) -> dict[str, Any]:
+def _medians(sides: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    return {name: {key: round(statistics.median(run[key] for run in runs), 3) for key in runs[0]}
+            for name, runs in sides.items()}
+
+
+def measure(*, events: int, input_kb: int, steps: int, step_kb: int, answers: int = 0,
+            document_kb: int = 90) -> dict[str, Any]:
     big = document(input_kb)
     sides: dict[str, list[dict[str, float]]] = {"empty input": [], f"{input_kb} kB input": []}
     for _ in range(2):
         sides["empty input"].append(events_timed({}, events))
         sides[f"{input_kb} kB input"].append(events_timed(big, events))
+    answered: dict[str, list[dict[str, float]]] = {"a one-line document": [], f"a {document_kb} kB document": []}
+    for _ in range(2 if answers else 0):
+        answered["a one-line document"].append(answers_timed(20, answers))
+        answered[f"a {document_kb} kB document"].append(answers_timed(document_kb * 1024, answers))
     return {**run_header(), "events": events, "input_bytes": len(json.dumps(big)),
-            "events_per_input": {name: {key: round(statistics.median(run[key] for run in runs), 3) for key in runs[0]}
-                                 for name, runs in sides.items()},
-            "step_kb": step_kb, "steps": steps_timed(steps, step_kb) if steps else []}
+            "events_per_input": _medians(sides),
+            "step_kb": step_kb, "steps": steps_timed(steps, step_kb) if steps else [],
+            "answers": answers, "answers_per_document": _medians(answered) if answers else {}}
 
 
 def main() -> None:
@@ -127,6 +180,9 @@ def main() -> None:
     parser.add_argument("--input-kb", type=int, default=850, help="the big input's size")
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--step-kb", type=int, default=10, help="each step's result's size")
+    parser.add_argument("--answers", type=int, default=40, help="review jobs answered a round, each way (0: none)")
+    parser.add_argument("--document-kb", type=int, default=90,
+                        help="the big document's size (demo.review takes up to 100,000 characters)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskplatform.settings.development")
@@ -136,7 +192,8 @@ def main() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    result = measure(events=args.events, input_kb=args.input_kb, steps=args.steps, step_kb=args.step_kb)
+    result = measure(events=args.events, input_kb=args.input_kb, steps=args.steps, step_kb=args.step_kb,
+                     answers=args.answers, document_kb=args.document_kb)
     print(f"{result['when']}, {result['revision']}, {result['machine']}")
     for name, figures in result["events_per_input"].items():
         print(f"  an event, {name}: {figures['cpu_ms_per_event']} ms CPU, {figures['wall_ms_per_event']} ms wall")
@@ -144,6 +201,8 @@ def main() -> None:
         wal = f", {row['wal_kb_per_step']} kB of WAL" if "wal_kb_per_step" in row else ""
         print(f"  steps {row['steps']} (checkpoint about {row['checkpoint_kb']} kB): {row['cpu_ms_per_step']} ms CPU, "
               f"{row['wall_ms_per_step']} ms wall{wal} per step")
+    for name, figures in result["answers_per_document"].items():
+        print(f"  an answer, {name}: {figures['cpu_ms_per_answer']} ms CPU, {figures['wall_ms_per_answer']} ms wall")
     if not args.no_write:
         print(f"written: {results_save('big-json', result['when'], result).relative_to(BASE_DIR)}")
 

@@ -76,7 +76,11 @@ def load_what_the_first_requests_would() -> None:
     Celery's task registry and tasks module, its message builder and event dispatcher (a submit's
     or an answer's message), the authentication backends, the database backend's SQL compiler
     (PostgreSQL's backend imports it with itself, SQLite's at its first query), the channel
-    layer's backend and the push thread, which connects to Redis in the background. The first
+    layer's backend and the push thread, which connects to Redis in the background; Celery's
+    result backend (none, but finding that out reads every installed package's entry points: a
+    web process's first job message did it), and the fields of the API's serializers (each
+    class's once, `jobs.serializers.FieldsBuiltOnce`: a process's first answer built the
+    question's). The first
     `POST /api/jobs/` of a new web process took 200-230 ms, against 10-15 ms for the next ones,
     and the first answer of each web process was some 100 ms late importing the tasks module
     (bench/README.md); what they loaded stayed out of the freeze below. Nothing here connects to
@@ -91,6 +95,7 @@ def load_what_the_first_requests_would() -> None:
 
     import jobs.tasks  # noqa: F401  (`job_dispatch` imports it when it sends the first message)
     from jobs.broadcast import publisher
+    from jobs.serializers import FieldsBuiltOnce
     from taskplatform.celery import app
 
     get_resolver().url_patterns  # noqa: B018  (a cached property: it imports every URLconf)
@@ -106,6 +111,12 @@ def load_what_the_first_requests_would() -> None:
     app.amqp  # noqa: B018  (a cached property: the message builder, its routes and queues)
     app.amqp.router  # noqa: B018
     app.events  # noqa: B018
+    app.backend  # noqa: B018  (a cached property)
+    classes = [FieldsBuiltOnce]  # every one the URLconfs imported, and theirs
+    while classes:
+        for serializer in classes.pop().__subclasses__():
+            classes.append(serializer)
+            serializer().fields  # noqa: B018
     publisher()
 
 

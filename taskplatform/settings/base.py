@@ -293,6 +293,10 @@ CELERY_BROKER_URL = redis_url_for_celery(REDIS_URL)
 # backend would be a second copy that nothing reads.
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
+# So the backend is Celery's `DisabledBackend`, which holds nothing: one for every thread of a
+# process. Otherwise each thread builds its own at its first message, reading every installed
+# package's entry points to find out there is none (the web process builds it as it starts).
+CELERY_RESULT_BACKEND_THREAD_SAFE = True
 # JSON only: a pickled message from a compromised broker would run code in the worker.
 # https://docs.celeryq.dev/en/stable/userguide/security.html#serializers
 CELERY_ACCEPT_CONTENT = ["json"]

@@ -231,11 +231,12 @@ def test_a_resume_leaves_the_jobs_json_in_the_database_and_loads_it_if_read(monk
     job_transition(job_id=job.pk, to=Job.Status.WAITING, from_=[Job.Status.PROCESSING],
                    only_attempt=claimed.attempts, fields={"suspended_on": "wait:a", "result": {"partial": 1}})
     woken = job_wake(job_id=job.pk, on="wait:a")
-    assert woken.get_deferred_fields() >= {"input", "result", "error"}
     assert (woken.status, woken.kind) == (Job.Status.PENDING, "demo.review")
     with CaptureQueriesContext(connection) as loads:
         assert woken.input == {"document": "x" * 5000} and woken.result == {"partial": 1}
-    assert len(loads) == 2  # a deferred field's own read, as Django loads one
+    # On PostgreSQL the move read neither back: each is a deferred field's own read, as Django
+    # loads one. Elsewhere the move is the ORM's UPDATE and a read of the whole row.
+    assert len(loads) == (2 if connection.vendor == "postgresql" else 0)
 
 
 def test_a_condition_on_the_attempt_given_as_where_keeps_its_own_value(monkeypatch):

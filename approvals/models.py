@@ -37,7 +37,8 @@ class Question(models.Model):
         CANCELLED = "cancelled"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="questions")
+    # Not indexed on its own: the unique constraint of (job, key) starts with it (tests/test_indexes.py).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="questions", db_index=False)
     key = models.CharField(max_length=200, help_text="Names the question within its job; stable across runs.")
     prompt = models.TextField()
     schema = models.JSONField(help_text="JSON Schema the answer must satisfy.")
@@ -165,8 +166,10 @@ class Decision(models.Model):
         SYSTEM = "system"
 
     id = models.BigAutoField(primary_key=True)
-    question = models.ForeignKey(Question, on_delete=models.PROTECT, related_name="decisions")
-    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="decisions")
+    # Neither indexed on its own: the indexes of (question, round, kind) and (job, created_at)
+    # start with them (tests/test_indexes.py).
+    question = models.ForeignKey(Question, on_delete=models.PROTECT, related_name="decisions", db_index=False)
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="decisions", db_index=False)
     round = models.PositiveIntegerField(default=1)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     # Null: the system (a deadline, a job cancelled without a person).

@@ -228,8 +228,11 @@ class Job(DecodedWhenReadModel):
     # away), since the job was submitted or last retried by a person: bounded by
     # JOBS_HAND_BACK_BUDGET, past which a hand-back counts as a failed attempt.
     hand_backs = models.PositiveIntegerField(default=0)
+    # Not indexed on its own: the index of (owner, created_at) starts with it, and every index of
+    # this table takes an entry at each of a job's moves (tests/test_indexes.py).
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs",
+        db_index=False,
     )
     # NULL, not "": the unique constraint must not treat "no key" as one shared key.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
@@ -388,7 +391,9 @@ class JobEvent(models.Model):
         LOG = "log"
 
     id = models.BigAutoField(primary_key=True)
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    # Not indexed on its own: the unique constraint of (job, seq) starts with it, and a job's
+    # every event is an insert into each index (tests/test_indexes.py).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=16, choices=Type.choices)
     step = models.CharField(max_length=STEP_NAME_MAX, blank=True, default="")

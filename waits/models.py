@@ -45,7 +45,8 @@ class Wait(models.Model):
     ACTIVE = frozenset({State.SUBMITTING, State.WAITING})
 
     id = models.BigAutoField(primary_key=True)
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="waits")
+    # Not indexed on its own: the unique constraint of (job, key) starts with it (tests/test_indexes.py).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="waits", db_index=False)
     key = models.CharField(max_length=200, help_text="Names the wait within its job; stable across runs.")
     service = models.CharField(max_length=200, blank=True, default="")
     mode = models.CharField(max_length=16, choices=Mode.choices, default=Mode.CALLBACK)
@@ -163,7 +164,8 @@ class WaitDecision(models.Model):
     Channel = Channel
 
     id = models.BigAutoField(primary_key=True)
-    wait = models.ForeignKey(Wait, on_delete=models.PROTECT, related_name="decisions")
+    # Not indexed on its own: the index of (wait, created_at) starts with it (tests/test_indexes.py).
+    wait = models.ForeignKey(Wait, on_delete=models.PROTECT, related_name="decisions", db_index=False)
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="wait_decisions")
     kind = models.CharField(max_length=16, choices=Kind.choices)
     channel = models.CharField(max_length=16, choices=Channel.choices)

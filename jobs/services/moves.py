@@ -257,11 +257,10 @@ def job_resume(*, job_id: Any, reason: dict[str, Any] | None = None, on: str | N
     """Make a job `paused` on a question runnable again (`paused → pending`: it was answered)
     and dispatch it. With `on`, only if the job is suspended on that (`question:<key>`).
     `before`: the event that says why (the question's answer), written with the move's own
-    (`job_transition`). The job returned has its JSON columns left in the database (loaded if
-    read): its input may be a document, which a resume reads nowhere."""
+    (`job_transition`)."""
     return job_transition(
         job_id=job_id, to=Status.PENDING, from_=[Status.PAUSED], fields={"run_after": None}, message=reason,
-        dispatch=True, suspended_on=on, before=before, with_json=False,
+        dispatch=True, suspended_on=on, before=before,
     )
 
 
@@ -271,11 +270,10 @@ def job_wake(*, job_id: Any, on: str, reason: dict[str, Any] | None = None,
     due check or a person woke it) and dispatch it, only if it is waiting on `on` (the wait that
     woke, `wait:<key>`). A paused job, or one that has parked on another wait since, is never
     woken this way (InvalidTransition: nothing is written, `before` neither). `before`: the
-    event that says why, written with the move's own (`job_transition`). As `job_resume`, the
-    job returned has its JSON columns left in the database (loaded if read)."""
+    event that says why, written with the move's own (`job_transition`)."""
     return job_transition(
         job_id=job_id, to=Status.PENDING, from_=[Status.WAITING], fields={"run_after": None}, message=reason,
-        dispatch=True, suspended_on=on, before=before, with_json=False,
+        dispatch=True, suspended_on=on, before=before,
     )
 
 

@@ -64,7 +64,6 @@ def job_transition(
     actor: Any = None,
     channel: str | None = None,
     before: EarlierEvent | None = None,
-    with_json: bool = True,
 ) -> Job:
     """Move a job to status `to` and return the updated row.
 
@@ -83,9 +82,7 @@ def job_transition(
     InvalidTransition naming the current status.
 
     `before`: an event written just before the `status` event, in the same statement (what made
-    the move: a question answered, a wait woken), and only if the move is made. `with_json=False`:
-    the returned job's JSON columns (its input, result, ...) are not read back with the move but
-    loaded if read (`jobs.models.job_update_returning`), for a caller and hooks that read none.
+    the move: a question answered, a wait woken), and only if the move is made.
     """
     sources = _sources_for(to, None if from_ is None else tuple(from_))
     now = db_now()
@@ -118,21 +115,19 @@ def job_transition(
         quiet = MoveRows(**selects, unless_needed=tuple(after), no_feature_rows=bool(closing))
         with one_statement_write():
             written = job_update_with_event(rows=quiet, fields=values, type="status", status=to, message=message,
-                                            before=before, with_json=with_json)
+                                            before=before)
     if written is None:
         with _transition_transaction(alone=not after and not family):
             if closing:
                 # A job that holds no feature rows has nothing to close: the one statement, as usual.
                 written = job_update_with_event(rows=MoveRows(**selects, no_feature_rows=True), fields=values,
-                                                type="status", status=to, message=message, before=before,
-                                                with_json=with_json)
+                                                type="status", status=to, message=message, before=before)
                 if written is None:
                     written = _move_closing_first(MoveRows(**selects), closing, job_id=job_id, to=to, fields=values,
-                                                  message=message, actor=actor, channel=channel, before=before,
-                                                  with_json=with_json)
+                                                  message=message, actor=actor, channel=channel, before=before)
             else:
                 written = job_update_with_event(rows=MoveRows(**selects), fields=values, type="status", status=to,
-                                                message=message, before=before, with_json=with_json)
+                                                message=message, before=before)
             if written is not None:
                 # In this transaction: a committed move always has its hooks' writes (closed
                 # questions and waits, queued webhook deliveries) committed with it.
@@ -158,8 +153,7 @@ def job_transition(
 
 
 def _move_closing_first(rows: MoveRows, closing, *, job_id: Any, to: str, fields: dict[str, Any],
-                        message: dict | None, actor: Any, channel: str | None, before: EarlierEvent | None,
-                        with_json: bool = True):
+                        message: dict | None, actor: Any, channel: str | None, before: EarlierEvent | None):
     """The move of a job that holds feature rows: lock its row and check the move, let the
     closing hooks close what the job held (their events come before the status event, which
     stays the last of a finished job), then write the move. None: no job matched."""
@@ -171,7 +165,7 @@ def _move_closing_first(rows: MoveRows, closing, *, job_id: Any, to: str, fields
             if locked.owner_id is not None or not hook.owners_only:
                 hook.fn(job=locked, to=to, actor=actor, channel=channel)
         written = job_update_with_event(rows=rows, fields=fields, type="status", status=to, message=message,
-                                        before=before, with_json=with_json)
+                                        before=before)
         if written is None:  # not under the row's lock; were it ever so, the hooks' writes roll back with it
             _refuse(job_id, to)
         return written

@@ -220,25 +220,6 @@ def test_wakes_of_different_waits_share_one_statement_and_each_wakes_only_its_ow
     assert jobs[2].status == Job.Status.WAITING
 
 
-def test_a_resume_leaves_the_jobs_json_in_the_database_and_loads_it_if_read(monkeypatch):
-    """A wake's or an answer's move does not read back the job's input (it may be a document):
-    the job returned still gives it, from the database, to whatever reads it."""
-    from jobs.services import job_wake
-
-    monkeypatch.setattr("jobs.services.transitions.job_dispatch", lambda **kwargs: None)
-    job, _ = job_submit(kind="demo.review", input={"document": "x" * 5000})
-    claimed = job_claim(job_id=job.pk, worker="w", task_id="t")
-    job_transition(job_id=job.pk, to=Job.Status.WAITING, from_=[Job.Status.PROCESSING],
-                   only_attempt=claimed.attempts, fields={"suspended_on": "wait:a", "result": {"partial": 1}})
-    woken = job_wake(job_id=job.pk, on="wait:a")
-    assert (woken.status, woken.kind) == (Job.Status.PENDING, "demo.review")
-    with CaptureQueriesContext(connection) as loads:
-        assert woken.input == {"document": "x" * 5000} and woken.result == {"partial": 1}
-    # On PostgreSQL the move read neither back: each is a deferred field's own read, as Django
-    # loads one. Elsewhere the move is the ORM's UPDATE and a read of the whole row.
-    assert len(loads) == (2 if connection.vendor == "postgresql" else 0)
-
-
 def test_a_condition_on_the_attempt_given_as_where_keeps_its_own_value(monkeypatch):
     """Only a move's own run (`only_attempt`) fills the attempt's place at a reuse; an attempt
     compared in `where` is part of the shape, value and all."""

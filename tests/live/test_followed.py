@@ -306,3 +306,28 @@ def test_a_server_sent_events_stream_marks_its_job_and_gets_the_next_event_pushe
         log(job.pk, "after the stream's first read")
         assert next(line for line in lines if line.startswith("id:")) == "id: 2"
         assert time.monotonic() - started < 3
+
+
+@marks_followed
+def test_an_answer_pushes_its_job_whole_to_the_followed_feed_read_by_the_move_itself():
+    """A status move's job goes to the feed with its input and result (`job_as_dict`): the move's
+    statement reads them back, so the push after the commit sends no read of its own (a move
+    that left them in the database made each push to a followed feed load them one by one)."""
+    from django.test.utils import CaptureQueriesContext
+
+    from approvals.models import Question
+    from approvals.services import question_answer
+    from jobs.runner import job_execute
+
+    job, _ = job_submit(kind="demo.review", input={"document": "the feed shows this"})
+    job_execute(job_id=job.pk)
+    question = Question.objects.get(job=job, status=Question.Status.OPEN)
+    groups_followed_mark([FEED_GROUP])
+    sent: list[tuple[str, dict]] = []
+    with mock.patch.object(broadcast, "publish_all", sent.extend), CaptureQueriesContext(connection) as answer:
+        question_answer(question_id=question.pk, user=make_user("boss", superuser=True), answer={"approved": True})
+    [status] = [data for group, data in sent if group == FEED_GROUP]
+    assert status["job"]["status"] == "pending" and status["job"]["input"] == {"document": "the feed shows this"}
+    reads = [query["sql"] for query in answer.captured_queries]
+    assert not any(f'"jobs_job"."{name}" FROM "jobs_job"' in sql
+                   for sql in reads for name in ("input", "result")), reads

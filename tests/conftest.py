@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 
-from tests.support.processes import celery_worker
+from tests.support.processes import celery_worker, session_processes
 
 REVIEWER_PERMISSIONS = [
     "jobs.view_job", "jobs.view_jobevent", "approvals.view_question", "approvals.answer_question",
@@ -37,25 +37,36 @@ def pytest_unconfigure(config):
         embedded_redis.stop()
 
 
-_session_workers: list = []
-
-
 @pytest.fixture(scope="session")
 def live_worker(django_db_setup, django_db_blocker):
     """One real Celery worker process for the session, on the test database and Redis."""
     worker = celery_worker(name="session-worker").start()
-    _session_workers.append(worker)
+    session_processes.append(worker)
     yield worker
     worker.stop()
 
 
 @pytest.fixture
 def only_own_workers(transactional_db):
-    """Stop the session's worker (if one runs), so that only the workers a test starts take its
-    jobs (the chaos tests kill and stop theirs). `worker` starts it again when a test needs it."""
-    for running in _session_workers:
+    """Stop the session's worker and beat (those that run) and empty the session's queues, so
+    that only the workers a test starts take its jobs (the chaos tests kill and stop theirs), and
+    nothing an earlier test left runs in them first: beat's passes, a message a stopped worker
+    gave back. `worker` (and tests/waits' `stack`) start them again when a test needs them."""
+    for running in session_processes:
         if running.proc and running.proc.poll() is None:
             running.stop()
+    queues_emptied()
+
+
+def queues_emptied() -> None:
+    """Every message in the session's queues dropped (their jobs are an earlier test's: its rows
+    are gone with its transactional database)."""
+    from ops.metrics import queue_names
+    from taskplatform.celery import app
+
+    with app.connection_for_write() as conn:
+        for name in queue_names():
+            conn.default_channel.queue_purge(name)
 
 
 @pytest.fixture

@@ -140,6 +140,11 @@ class ManagedProcess:
             self._pumping.join(timeout=5)
 
 
+# The session's processes that run or send messages: its worker (tests/conftest.py), and beat
+# where a package's tests start one (tests/waits). `only_own_workers` stops them.
+session_processes: list[ManagedProcess] = []
+
+
 def celery_worker(*, concurrency: int = 2, queues: str | None = None, extra_args: list[str] | None = None,
                   env: dict[str, str] | None = None, name: str = "worker") -> ManagedProcess:
     argv = [

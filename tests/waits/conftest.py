@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.processes import ManagedProcess, child_env, wait_until
+from tests.support.processes import ManagedProcess, child_env, session_processes, wait_until
 
 VENV_BIN = Path(sys.executable).parent
 # How often beat looks for due waits here: backup marks of a second or two stay accurate.
@@ -67,6 +67,7 @@ def waits_beat(django_db_setup, django_db_blocker, tmp_path_factory):
     beat = ManagedProcess("beat", argv, child_env(PUBLIC_URL=PUBLIC_URL, WAITS_DUE_INTERVAL=DUE_INTERVAL),
                           ready_marker="beat: Starting")
     beat.start()
+    session_processes.append(beat)  # stopped by `only_own_workers`, started again by `stack`
     yield beat
     beat.stop()
 

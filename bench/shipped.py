@@ -977,6 +977,36 @@ def api_clients_run(url: str, tokens: list[str], seconds: float, clients: int, e
     return result
 
 
+class ConnectionSpread(threading.Thread):
+    """How many of the clients' connections each web process holds, `after` seconds into a slice
+    (the clients keep theirs open for the slice): the web processes share one listening socket,
+    and which process accepts each connection is up to the kernel's wake-ups. Most first."""
+
+    def __init__(self, server_pid: int | None, port: int, after: float) -> None:
+        super().__init__(daemon=True)
+        self.server_pid, self.port, self.after = server_pid, port, after
+        self.counts: list[int] = []
+        if server_pid is not None:
+            self.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.server_pid is not None:
+            super().join(timeout)
+
+    def run(self) -> None:
+        import psutil
+
+        time.sleep(self.after)
+        counts = []
+        try:
+            for child in psutil.Process(self.server_pid).children():
+                counts.append(sum(1 for each in child.net_connections("tcp")
+                                  if each.status == psutil.CONN_ESTABLISHED and each.laddr.port == self.port))
+        except psutil.NoSuchProcess:
+            return
+        self.counts = sorted(counts, reverse=True)
+
+
 # The API's figure and its floor's are each taken in this many slices, the two alternating.
 API_SLICES = 4
 
@@ -1011,11 +1041,17 @@ class _ApiSide:
         """Each web process's first requests (imports, connections, kept statements), untimed."""
         api_clients_run(self.url, self.tokens, 2.0, self.clients, self.env, self.path)
 
+    def web_server_pid(self) -> int | None:
+        """The web server's main process (its web processes are its children)."""
+        return None
+
     def run_slice(self, seconds: float, profile_dir: Path | None) -> None:
         cpu_before = self.cpu_now()
         clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         profiles = self.profiling(seconds * 0.8, profile_dir) if profile_dir is not None else []
+        spread = ConnectionSpread(self.web_server_pid(), int(self.url.rsplit(":", 1)[1]), after=min(1.0, seconds / 4))
         result = api_clients_run(self.url, self.tokens, seconds, self.clients, self.env, self.path)
+        spread.join()
         clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         for name, spent_now in cpu_delta(cpu_before, self.cpu_now()).items():
             self.cpu[name] = round(self.cpu.get(name, 0.0) + spent_now, 2)
@@ -1031,7 +1067,8 @@ class _ApiSide:
         for key in self.slow:
             self.slow[key] += result["over_slow_ms"][key]
         self.seconds += result["seconds"]
-        self.slices.append({"per_second": result["per_second"], "p50": result["p50"], "p99": result["p99"]})
+        self.slices.append({"per_second": result["per_second"], "p50": result["p50"], "p99": result["p99"],
+                            "connections_per_web_process": spread.counts})
 
     def result(self) -> dict[str, Any]:
         return {"requests": len(self.latencies), "seconds": round(self.seconds, 2),
@@ -1051,6 +1088,9 @@ class _PlatformApi(_ApiSide):
 
     def settle(self) -> None:
         drained()
+
+    def web_server_pid(self) -> int | None:
+        return self.shipped.service_pid("web")
 
     def cpu_now(self) -> dict[str, float]:
         return self.shipped.cpu_by_service()
@@ -1113,6 +1153,9 @@ class _FloorApi(_ApiSide):
     def cpu_now(self) -> dict[str, float]:
         return {"web": tree_cpu_seconds(self.server.pid), "worker": tree_cpu_seconds(self.worker.pid)}
 
+    def web_server_pid(self) -> int | None:
+        return self.server.pid
+
     def profiling(self, seconds: float, profile_dir: Path) -> list[tuple[str, Profile]]:
         return [("profile_web", Profile(None, "web", seconds, profile_dir, name="api_floor_web", pid=self.server.pid)),
                 ("profile_worker", Profile(None, "worker", seconds, profile_dir, name="api_floor_worker",
@@ -1129,7 +1172,10 @@ class _FloorApi(_ApiSide):
 
 
 def slices_text(side: dict[str, Any]) -> str:
-    return ", ".join(f"{each['per_second']} / {each['p99']}" for each in side.get("slices", []))
+    return ", ".join(f"{each['per_second']} / {each['p99']}"
+                     + (f" ({'/'.join(map(str, each['connections_per_web_process']))})"
+                        if len(each.get("connections_per_web_process") or ()) > 1 else "")
+                     for each in side.get("slices", []))
 
 
 def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int, sides: set[str],
@@ -1556,7 +1602,7 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
             print(f"  API           {api['per_second']:8.1f} req/s  p50 {api['p50']} ms  p99 {api['p99']} ms  "
                   f"errors {api['errors']}  cpu {api['cpu_seconds']}  "
                   f"over {SLOW_REQUEST_MS:.0f} ms {api['over_slow_ms']}, commits meanwhile {api['commit_probe_ms']}"
-                  f"  slices (req/s, p99 ms): {slices_text(api)}", flush=True)
+                  f"  slices (req/s / p99 ms (connections held by each web process)): {slices_text(api)}", flush=True)
         if "api-floor" in sides:
             result["api_floor"] = sides["api-floor"]
             floor = result["api_floor"]
@@ -1565,7 +1611,7 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
                   f"{floor['over_slow_ms']}, commits meanwhile {floor['commit_probe_ms']}  "
                   "(bare DRF + one INSERT + Celery's message, "
                   f"the bare + SQL worker running them: {floor['jobs_run_during']} run)"
-                  f"  slices (req/s, p99 ms): {slices_text(floor)}", flush=True)
+                  f"  slices (req/s / p99 ms (connections held by each web process)): {slices_text(floor)}", flush=True)
         watcher = watcher_key() if phases & {"answer", "wake"} else ""
         if "answer" in phases:
             result["answer_to_processing_ms"] = answer_phase(shipped, token, watcher, args.resumes, args.profile)

@@ -380,6 +380,10 @@ CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.count("WORKER_MAX_MEMORY_PER_CHILD_MB",
 # And after this many tasks whatever it holds (a leak of something other than memory: threads,
 # files). 0: never (Celery wants None for that, and refuses to start its pool on a 0).
 CELERY_WORKER_MAX_TASKS_PER_CHILD = env.count("WORKER_MAX_TASKS_PER_CHILD", default=10_000) or None
+# Celery's prefork pool, whose replacement of a process that left for either limit above waited
+# up to 5 s now and then, with no job taken meanwhile when every process left at once
+# (taskplatform/prefork.py). Used with `--pool prefork` too, Celery's default.
+CELERY_WORKER_POOL = "taskplatform.prefork:TaskPool"
 CELERY_TASK_DEFAULT_QUEUE = "jobs"
 # Beat's housekeeping (the reconciler, due waits, deadlines, webhook retries) has a queue of its
 # own, served by a small worker of its own (`platform-worker` under `make run` and in compose):

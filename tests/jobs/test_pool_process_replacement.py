@@ -79,3 +79,30 @@ def test_a_pool_process_is_replaced_after_its_tasks_and_says_so(only_own_workers
                                 {"WORKER_MAX_MEMORY_PER_CHILD_MB": "0", "WORKER_MAX_TASKS_PER_CHILD": "2"},
                                 says="replaced after 2 jobs")
     assert pids[0] == pids[1] != pids[2] == pids[3], pids
+
+
+def test_a_pool_process_that_left_is_replaced_at_once(only_own_workers, on_a_queue_of_its_own):
+    """Celery's pool looked for the exit of a process that left a moment before the process could
+    be reaped, now and then, and then replaced it only at its periodic look, 5 s later, with no
+    process to take the next job meanwhile (taskplatform/prefork.py). A new process for each of
+    16 jobs: from each job's `pending` row to its `processing` row, never near those 5 s."""
+    pids, _ = _jobs_on_a_worker(on_a_queue_of_its_own, 16,
+                                {"WORKER_MAX_MEMORY_PER_CHILD_MB": "0", "WORKER_MAX_TASKS_PER_CHILD": "1"})
+    assert len(set(pids)) == 16, pids
+    waits = []
+    for job in Job.objects.all():
+        times = {event.status: event.created_at for event in job.events.filter(type="status")}
+        waits.append(round((times[Job.Status.PROCESSING] - times[Job.Status.PENDING]).total_seconds(), 3))
+    assert len(waits) == 16
+    assert max(waits) < 2.5, f"a job waited for a pool process: seconds from pending to processing {sorted(waits)}"
+
+
+def test_the_worker_pool_is_the_platforms_prefork_pool():
+    """What Celery and its Django fix-up take for a prefork pool (by class and by module name)."""
+    from celery.concurrency import get_implementation, prefork
+
+    from taskplatform.celery import app
+
+    pool = get_implementation(app.conf.worker_pool)
+    assert issubclass(pool, prefork.TaskPool)
+    assert "prefork" in pool.__module__

@@ -373,8 +373,9 @@ CELERY_WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=None)
 # (its peak resident set, checked by Celery after each task: the task finishes first). A new pool
 # process is not free: its fork, its connections, the rehearsal of its moves, and the pages it
 # copies from its parent as it writes to them cost about 0.1 s of CPU and leave its slot idle
-# meanwhile; replacing one every 1,000 jobs took 15 % off the job rate (bench/README.md, "A pool
-# process's replacement"). So processes are replaced for what they hold, not every few seconds.
+# meanwhile; replacing one every 1,000 jobs took 15 % off the job rate, about 4 % once the pool
+# replaced a process the moment it left (bench/README.md, "A pool process's replacement", and
+# taskplatform/prefork.py). So processes are replaced for what they hold, not every few seconds.
 # A process starts at some 100 MB. 0: no limit (Celery wants None for that).
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = env.count("WORKER_MAX_MEMORY_PER_CHILD_MB", default=512) * 1024 or None
 # And after this many tasks whatever it holds (a leak of something other than memory: threads,

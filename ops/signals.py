@@ -88,8 +88,16 @@ def _pool_process_replaced(sender: Any = None, pid: int | None = None, exitcode:
             "pool process %s replaced: it held %d MB at its peak, over WORKER_MAX_MEMORY_PER_CHILD_MB (%d); "
             "a job kind that needs more than that needs a higher limit", pid, peak_kib // 1024, limit_kib // 1024)
     else:
-        logger.info("pool process %s replaced after %s jobs (WORKER_MAX_TASKS_PER_CHILD)", pid,
-                    settings.CELERY_WORKER_MAX_TASKS_PER_CHILD)
+        logger.info("pool process %s replaced after %s jobs (WORKER_MAX_TASKS_PER_CHILD)", pid, _max_tasks())
+
+
+def _max_tasks() -> Any:
+    """This pool process's own task limit, as its pool gave it (billiard's `Worker`, the process's
+    target): a worker's `--max-tasks-per-child` is not in the settings."""
+    from billiard.process import current_process
+
+    worker = getattr(current_process(), "_target", None)
+    return getattr(worker, "maxtasks", None) or settings.CELERY_WORKER_MAX_TASKS_PER_CHILD
 
 
 @signals.worker_ready.connect

@@ -33,11 +33,11 @@ def on_a_queue_of_its_own(monkeypatch):
 
 
 def _jobs_on_a_worker(queue: str, count: int, env: dict[str, str] | None = None,
-                      says: str | None = None) -> tuple[list[str], str]:
+                      says: str | None = None, extra_args: list[str] | None = None) -> tuple[list[str], str]:
     """Start a worker with one pool process and `env`, reading `queue` alone, run `count` no-op
     jobs through it one after the other (each once the one before it finished), wait for its log
     to say `says`; the pid that ran each job, and the worker's output."""
-    worker = celery_worker(name="replacement", concurrency=1, queues=queue, env=env).start()
+    worker = celery_worker(name="replacement", concurrency=1, queues=queue, env=env, extra_args=extra_args).start()
     pids = []
     try:
         for _ in range(count):
@@ -79,6 +79,12 @@ def test_a_pool_process_is_replaced_after_its_tasks_and_says_so(only_own_workers
                                 {"WORKER_MAX_MEMORY_PER_CHILD_MB": "0", "WORKER_MAX_TASKS_PER_CHILD": "2"},
                                 says="replaced after 2 jobs")
     assert pids[0] == pids[1] != pids[2] == pids[3], pids
+
+
+def test_a_limit_on_the_workers_command_line_is_the_one_it_says(only_own_workers, on_a_queue_of_its_own):
+    pids, _ = _jobs_on_a_worker(on_a_queue_of_its_own, 3, {"WORKER_MAX_MEMORY_PER_CHILD_MB": "0"},
+                                says="replaced after 3 jobs", extra_args=["--max-tasks-per-child", "3"])
+    assert len(set(pids)) == 1, pids
 
 
 def test_a_pool_process_that_left_is_replaced_at_once(only_own_workers, on_a_queue_of_its_own):

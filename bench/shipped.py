@@ -31,7 +31,8 @@ it creates and drops, and a Redis database it flushes. Then, one phase after ano
 5. **answer→processing** — `demo.review` jobs paused on their question; a websocket follows each
    job (`/ws/jobs/{id}/`, a staff user's ticket), which is answered with
    `POST /api/questions/{id}/answer/` and timed until its `processing` event arrives on the socket
-   (and, beside it, until the event's row was written: `row_ms`).
+   (and, beside it, until the event's row was written: `row_ms`; a frame timed that is not that
+   row's event, by its number, is listed in `frames_unlike_their_row`).
 6. **wake→running** — `demo.generate` jobs parked with `drop_callback`; each wake callback is
    POSTed the same way and timed until its `processing` event arrives on the job's websocket.
 7. **handoff** — bare Celery's own hand-off: one message at a time to an idle bare worker, from
@@ -1207,14 +1208,15 @@ def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int
         return {runner.name: runner.result() for runner in runners}
 
 
-def processing_after(job_id: Any, sent: datetime) -> float:
-    """Milliseconds from `sent` to the `created_at` of the job's `processing` event (its row)."""
+def processing_after(job_id: Any, sent: datetime) -> tuple[float, Any]:
+    """Milliseconds from `sent` to the `created_at` of the job's first `processing` event after
+    it (its row), and that row."""
     from jobs.models import JobEvent
 
     event = wait_for(lambda: JobEvent.objects.filter(job_id=job_id, type="status", status="processing",
-                                                     created_at__gt=sent).first(), 30, "a job's processing event",
-                     interval=0.002)
-    return (event.created_at - sent).total_seconds() * 1000
+                                                     created_at__gt=sent).order_by("seq").first(), 30,
+                     "a job's processing event", interval=0.002)
+    return (event.created_at - sent).total_seconds() * 1000, event
 
 
 def client_keys(count: int) -> list[str]:
@@ -1250,6 +1252,7 @@ class JobWatch:
         self._stack = contextlib.ExitStack()
         self.socket = self._stack.enter_context(
             connect(f"ws://{parts.netloc}/ws/jobs/{job_id}/?ticket={ticket}", open_timeout=10))
+        self.event: dict[str, Any] = {}  # the last status event `status_received` matched
         first = json.loads(self.socket.recv(timeout=10))
         if first.get("type") != "snapshot":
             raise SystemExit(f"bench: the stream of job {job_id} began with {first!r}")
@@ -1263,6 +1266,7 @@ class JobWatch:
             message = json.loads(raw)
             event = message.get("event") or {}
             if message.get("type") == "event" and event.get("type") == "status" and event.get("status") == status:
+                self.event = event
                 return received
 
     def close(self) -> None:
@@ -1308,7 +1312,7 @@ def resumes_timed_probed(base_url: str, key: str, posts: list[tuple[Any, str, by
     # The socket is read in a thread of its own while this one waits for the POST's response: the
     # frame usually arrives first, and its time is taken as it arrives, not once the response is in.
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-watch")
-    on_socket, rows, responses, sent_times, windows = [], [], [], [], []
+    on_socket, rows, responses, sent_times, windows, unlike = [], [], [], [], [], []
     try:
         for job_id, path, body, headers in posts:
             watch = JobWatch(http, base_url, key, job_id)
@@ -1326,7 +1330,14 @@ def resumes_timed_probed(base_url: str, key: str, posts: list[tuple[Any, str, by
                 on_socket.append((arrival.result(timeout=35) - sent) * 1000)
             finally:
                 watch.close()
-            rows.append(processing_after(job_id, sent_at))
+            row_ms, row = processing_after(job_id, sent_at)
+            rows.append(row_ms)
+            # The frame timed is the row's own: the same number. Any other is a frame the job's
+            # stream should not have sent then, and its time is not the resume's.
+            if watch.event.get("seq") != row.seq:
+                unlike.append({"job": str(job_id), "frame_seq": watch.event.get("seq"),
+                               "frame_created_at": watch.event.get("created_at"), "row_seq": row.seq,
+                               "row_created_at": row.created_at.isoformat(), "socket_ms": round(on_socket[-1], 1)})
     finally:
         reader.shutdown(wait=False, cancel_futures=True)
         http.close()
@@ -1334,6 +1345,7 @@ def resumes_timed_probed(base_url: str, key: str, posts: list[tuple[Any, str, by
     # were sent, and the probe's slowest commit meanwhile (a tail that is the disk's).
     slowest = sorted(enumerate(responses), key=lambda item: -item[1])[:5]
     return {**summary_ms(on_socket), "response_ms": summary_ms(responses), "row_ms": summary_ms(rows),
+            "frames_unlike_their_row": unlike,
             "slowest_responses": [{"index": index, "ms": round(ms, 1),
                                    "sent": sent_times[index].strftime("%H:%M:%S.%f")[:-3],
                                    "commit_probe_worst_ms": probe.worst_ms(*windows[index])}
@@ -1732,6 +1744,9 @@ def markdown(result: dict[str, Any]) -> str:
         if key in first:
             row = first[key].get("row_ms")
             written = f" (its row written: p50 {row['p50']}, p99 {row['p99']} ms)" if row else ""
+            if first[key].get("frames_unlike_their_row"):
+                written += (f"; **{len(first[key]['frames_unlike_their_row'])} frame(s) timed were not their "
+                            "row's event** (see the JSON)")
             lines.append(f"| {title} ({first[key]['n']}) | — | p50 {first[key]['p50']} ms, p99 {first[key]['p99']} ms"
                          f"{written} | {aim} |")
     if "handoff_ms" in first:

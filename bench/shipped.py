@@ -978,34 +978,22 @@ def api_clients_run(url: str, tokens: list[str], seconds: float, clients: int, e
     return result
 
 
-class ConnectionSpread(threading.Thread):
-    """How many of the clients' connections each web process holds, `after` seconds into a slice
-    (the clients keep theirs open for the slice): the web processes share one listening socket,
-    and which process accepts each connection is up to the kernel's wake-ups. Most first."""
+def connections_per_web_process(server_pid: int, port: int) -> list[int]:
+    """How many established connections to `port` each web process (a child of the server's main
+    process, multiprocessing's resource tracker aside) holds, most first. The web processes share
+    one listening socket, and which one accepts a connection is up to the kernel's wake-ups."""
+    import psutil
 
-    def __init__(self, server_pid: int | None, port: int, after: float) -> None:
-        super().__init__(daemon=True)
-        self.server_pid, self.port, self.after = server_pid, port, after
-        self.counts: list[int] = []
-        if server_pid is not None:
-            self.start()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self.server_pid is not None:
-            super().join(timeout)
-
-    def run(self) -> None:
-        import psutil
-
-        time.sleep(self.after)
-        counts = []
-        try:
-            for child in psutil.Process(self.server_pid).children():
-                counts.append(sum(1 for each in child.net_connections("tcp")
-                                  if each.status == psutil.CONN_ESTABLISHED and each.laddr.port == self.port))
-        except psutil.NoSuchProcess:
-            return
-        self.counts = sorted(counts, reverse=True)
+    counts = []
+    try:
+        for child in psutil.Process(server_pid).children():
+            if "resource_tracker" in " ".join(child.cmdline()):
+                continue
+            counts.append(sum(1 for each in child.net_connections("tcp")
+                              if each.status == psutil.CONN_ESTABLISHED and each.laddr.port == port))
+    except psutil.NoSuchProcess:
+        return []
+    return sorted(counts, reverse=True)
 
 
 # The API's figure and its floor's are each taken in this many slices, the two alternating.
@@ -1050,9 +1038,17 @@ class _ApiSide:
         cpu_before = self.cpu_now()
         clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         profiles = self.profiling(seconds * 0.8, profile_dir) if profile_dir is not None else []
-        spread = ConnectionSpread(self.web_server_pid(), int(self.url.rsplit(":", 1)[1]), after=min(1.0, seconds / 4))
+        # Counted once the clients have connected (they keep their connections for the slice).
+        spread: list[int] = []
+        server_pid, port = self.web_server_pid(), int(self.url.rsplit(":", 1)[1])
+        counting = threading.Timer(min(1.0, seconds / 4),
+                                   lambda: spread.extend(connections_per_web_process(server_pid, port)))
+        if server_pid is not None:
+            counting.start()
         result = api_clients_run(self.url, self.tokens, seconds, self.clients, self.env, self.path)
-        spread.join()
+        counting.cancel()  # a slice shorter than the wait: nothing counted
+        if server_pid is not None:
+            counting.join()  # a count under way ends first
         clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         for name, spent_now in cpu_delta(cpu_before, self.cpu_now()).items():
             self.cpu[name] = round(self.cpu.get(name, 0.0) + spent_now, 2)
@@ -1069,7 +1065,7 @@ class _ApiSide:
             self.slow[key] += result["over_slow_ms"][key]
         self.seconds += result["seconds"]
         self.slices.append({"per_second": result["per_second"], "p50": result["p50"], "p99": result["p99"],
-                            "connections_per_web_process": spread.counts})
+                            "connections_per_web_process": spread})
 
     def result(self) -> dict[str, Any]:
         return {"requests": len(self.latencies), "seconds": round(self.seconds, 2),

@@ -251,6 +251,12 @@ async def client_run(url: str, sockets: list[tuple[str, str]], connect_batch: in
                             limits=httpx.Limits(max_connections=connect_batch))
 
     async def open_one(path: str, key: str) -> tuple[str, Watcher]:
+        if not key:  # the floor's relay (`bench/live_relay.py`): no ticket, no account
+            _, watcher = await loop.create_connection(lambda: Watcher(f"{url}{path}", loop), parts.hostname,
+                                                      parts.port)
+            await asyncio.wait_for(watcher.opened, 60)
+            await asyncio.wait_for(watcher.first_frame, 60)
+            return path, watcher
         for attempt in range(3):
             try:
                 answer = await api.post("/api/ws-tickets/", headers={"Authorization": f"Token {key}"})
@@ -657,6 +663,79 @@ def run_one_job(server: Process, workers: int, users: list[Any], watchers: int, 
     row = summary("one job", workers, watchers, result, expected_events(result["snapshots"]), events, seconds, cpu)
     row["by_event_type"] = by_event_type(result["arrivals"])
     row["slowest_events"] = slowest_events(result["arrivals"])
+    row["job_id"] = str(job.pk)
+    return row
+
+
+def event_schedule(job_id: str) -> list[tuple[float, dict[str, Any]]]:
+    """The live events of a job the worker ran (all but `pending`, written before the dispatch):
+    each one's offset in seconds from the first, and its JSON as the streams send it."""
+    from jobs.models import JobEvent
+
+    events = list(JobEvent.objects.filter(job_id=job_id, seq__gt=1).order_by("seq"))
+    if not events:
+        raise BenchError(f"job {job_id} has no events to replay")
+    start = events[0].created_at
+    return [((event.created_at - start).total_seconds(), event.as_dict()) for event in events]
+
+
+def run_one_job_floor(env: dict[str, str], workers: int, watchers: int, procs: int,
+                      schedule: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+    """The same watchers and the same events at the same moments, through the least a server does
+    (`bench/live_relay.py`): each event written as a row (one INSERT, committed) and published on a
+    Redis channel by this process, relayed by bare websockets processes to every socket."""
+    import redis
+    from django.db import connection
+
+    channel = f"{os.environ['REDIS_KEY_PREFIX']}floor"
+    first = schedule[0][1]["seq"]
+    port = free_port()
+    argv = [sys.executable, str(BASE_DIR / "bench" / "live_relay.py"), "--port", str(port), "--processes",
+            str(workers), "--redis", os.environ["REDIS_URL"], "--channel", channel, "--last-seq", str(first - 1)]
+    relay = Process(f"relay-x{workers}", argv, env).start()
+    relay.ws_url = f"ws://127.0.0.1:{port}"
+    publisher = redis.Redis.from_url(os.environ["REDIS_URL"])
+    try:
+        deadline = time.monotonic() + 60
+        while relay.log.read_text(errors="replace").count("listening") < workers:
+            relay.alive()
+            if time.monotonic() > deadline:
+                raise BenchError("the floor's relay did not listen within 60 s")
+            time.sleep(0.1)
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE IF NOT EXISTS bench_live_floor "
+                           "(seq integer NOT NULL, type varchar(16) NOT NULL, body text NOT NULL, "
+                           "created_at varchar(40) NOT NULL)")
+            cursor.execute("DELETE FROM bench_live_floor")
+        clients = Clients(relay.ws_url, [("/ws/jobs/floor/", "")] * watchers, procs)
+        try:
+            clients.ready()
+            cpu, started = relay.cpu_seconds(), time.monotonic()
+            with connection.cursor() as cursor:
+                for offset, event in schedule:
+                    time.sleep(max(0.0, started + offset - time.monotonic()))
+                    event = {**event, "created_at": datetime.now(UTC).isoformat()}  # as the row is written
+                    text = json.dumps({"type": "event", "event": event})
+                    cursor.execute("INSERT INTO bench_live_floor (seq, type, body, created_at) VALUES (%s, %s, %s, %s)",
+                                   [event["seq"], event["type"], text, event["created_at"]])
+                    publisher.publish(channel, text)  # autocommit: the row committed first
+            seconds = time.monotonic() - started
+            time.sleep(1.0)  # the last events reach the clients
+            cpu = relay.cpu_seconds() - cpu
+            result = clients.results()
+        finally:
+            clients.kill()
+    finally:
+        publisher.close()
+        relay.stop()
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE IF EXISTS bench_live_floor")
+    expected = len(schedule) * len(result["snapshots"])
+    if any(seq != first - 1 for _, seq in result["snapshots"]):
+        raise BenchError("a floor socket's snapshot was not the relay's")
+    row = summary("one job, floor", workers, watchers, result, expected, len(schedule), seconds, cpu)
+    row["by_event_type"] = by_event_type(result["arrivals"])
+    row["slowest_events"] = slowest_events(result["arrivals"])
     return row
 
 
@@ -726,6 +805,45 @@ def run_spread(server: Process, workers: int, users: list[Any], clients_count: i
                    events * jobs, elapsed, cpu)
 
 
+def one_job_rounds(server: Process, env: dict[str, str], workers: int, users: list[Any], watchers: int,
+                   args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The one-job case at `watchers`; with `--floor PAIRS`, alternating with its floor in the same
+    minutes (platform, floor, floor, platform, ...), each floor run replaying the events of the
+    platform's run before it."""
+    rows = [run_one_job(server, workers, users, watchers, args.client_procs)]
+    if not args.floor:
+        return rows
+    schedule = event_schedule(rows[0]["job_id"])
+    for number in range(1, 2 * args.floor):
+        if number % 4 == 3:  # the platform's turn
+            rows.append(run_one_job(server, workers, users, watchers, args.client_procs))
+            schedule = event_schedule(rows[-1]["job_id"])
+        else:
+            rows.append(run_one_job_floor(env, workers, watchers, args.client_procs, schedule))
+        print(f"  {rows[-1]['case']}: p99 {rows[-1]['p99_ms']:.1f} ms, at the socket "
+              f"{rows[-1]['socket_p99_ms']:.1f}", flush=True)
+    return rows
+
+
+def floor_comparison(rows: list[dict[str, Any]]) -> str:
+    """The platform's one-job runs beside their floor's, per web processes and watchers: p50 and
+    p99 of each run, and the medians."""
+    lines = []
+    for key in sorted({(row["server_procs"], row["watchers"]) for row in rows if row["case"] == "one job, floor"}):
+        same = [row for row in rows if (row["server_procs"], row["watchers"]) == key]
+        for case in ("one job", "one job, floor"):
+            runs = [row for row in same if row["case"] == case]
+            each = ", ".join(f"{row['p99_ms']:.1f}" for row in runs)
+            lines.append(
+                f"{case:>15}, web x{key[0]}, {key[1]} watchers: p99 {each} ms (median "
+                f"{statistics.median(row['p99_ms'] for row in runs):.1f}), at the socket "
+                f"{statistics.median(row['socket_p99_ms'] for row in runs):.1f}; p50 "
+                f"{statistics.median(row['p50_ms'] for row in runs):.1f}; server CPU "
+                f"{statistics.median(row['server_cpu_us_per_message'] for row in runs):.1f} µs/msg"
+            )
+    return "\n".join(lines)
+
+
 # --- Report ------------------------------------------------------------------------------------
 
 
@@ -750,24 +868,26 @@ def table(rows: list[dict[str, Any]]) -> str:
             "One job, where an event's time goes, at the socket (medians over the events of each type): the first "
             "watcher to get it, the median one, the last.",
             "",
-            "| web procs | watchers | event type | events | first ms | median ms | last ms |",
-            "|---:|---:|---|---:|---:|---:|---:|",
+            "| case | web procs | watchers | event type | events | first ms | median ms | last ms |",
+            "|---|---:|---:|---|---:|---:|---:|---:|",
         ]
         for row in by_type:
             for kind, figures in row["by_event_type"].items():
-                lines.append(f"| {row['server_procs']} | {row['watchers']} | {kind} | {figures['events']} "
-                             f"| {figures['first_ms']:.1f} | {figures['median_ms']:.1f} | {figures['last_ms']:.1f} |")
+                lines.append(f"| {row['case']} | {row['server_procs']} | {row['watchers']} | {kind} "
+                             f"| {figures['events']} | {figures['first_ms']:.1f} | {figures['median_ms']:.1f} "
+                             f"| {figures['last_ms']:.1f} |")
         lines += [
             "",
             "One job, the slowest events (by their median watcher), at the socket, and each one's share of the "
             "deliveries past the p99.",
             "",
-            "| web procs | watchers | seq | event type | first ms | median ms | last ms | share of the tail |",
-            "|---:|---:|---:|---|---:|---:|---:|---:|",
+            "| case | web procs | watchers | seq | event type | first ms | median ms | last ms | share of the tail |",
+            "|---|---:|---:|---:|---|---:|---:|---:|---:|",
         ]
         for row in by_type:
             for event in row.get("slowest_events", []):
-                lines.append(f"| {row['server_procs']} | {row['watchers']} | {event['seq']} | {event['type']} "
+                lines.append(f"| {row['case']} | {row['server_procs']} | {row['watchers']} | {event['seq']} "
+                             f"| {event['type']} "
                              f"| {event['first_ms']:.1f} | {event['median_ms']:.1f} | {event['last_ms']:.1f} "
                              f"| {event['tail_share']:.0%} |")
     return "\n".join(lines)
@@ -803,6 +923,9 @@ def main() -> None:
     parser.add_argument("--client-nice", type=int, default=0,
                         help="niceness of the client processes (e.g. 19: the server's processes get the cores "
                              "first, as with clients on other machines)")
+    parser.add_argument("--floor", type=int, default=0, metavar="PAIRS",
+                        help="one-job: also run the floor (bench/live_relay.py), alternating with the platform "
+                             "PAIRS times each (platform, floor, floor, platform, ...)")
     parser.add_argument("--no-write", action="store_true", help="print only; do not write bench/results/")
     parser.add_argument("--client-proc", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -837,7 +960,9 @@ def main() -> None:
             try:
                 for case in args.cases:
                     if case == "one-job":
-                        measured = [run_one_job(server, workers, users, n, args.client_procs) for n in args.watchers]
+                        measured = []
+                        for n in args.watchers:
+                            measured += one_job_rounds(server, env, workers, users, n, args)
                     elif case == "feed":
                         measured = [run_feed(server, workers, users, n, args.client_procs, args.feed_every,
                                              args.feed_seconds) for n in args.feed_clients]
@@ -863,6 +988,10 @@ def main() -> None:
         f"{load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}; commit {git_commit()}"
     )
     report = table(rows)
+    compared = floor_comparison(rows)
+    if compared:
+        report += ("\n\nThe platform beside its floor (`bench/live_relay.py`), in the same minutes:"
+                   f"\n\n```\n{compared}\n```")
     print(f"\n{header}\n{report}")
     judged = [row for row in rows if row["case"] == "one job" and row["watchers"] >= 1000]
     met = [row["p99_ms"] <= AIM_P99_MS and row["received"] == row["expected"] for row in judged]

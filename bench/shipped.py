@@ -28,6 +28,9 @@ it creates and drops, and a Redis database it flushes. Then, one phase after ano
    submitted job: the API's authentication, throttle, parser and renderer, one INSERT of the job
    and its first event, Celery's message. What the substrate (Django, DRF, PostgreSQL, Redis,
    Celery) gives for a durable submit on this machine, beside the platform's figure.
+   **api-paced**, **api-floor-paced** — the same two, the clients paced to `--api-rate` requests a
+   second in all (the aim's 300), each request timed from when it fell due rather than from when
+   it was sent: the latency at that load, where the two above give it at the most the server takes.
 5. **answer→processing** — `demo.review` jobs paused on their question; a websocket follows each
    job (`/ws/jobs/{id}/`, a staff user's ticket), which is answered with
    `POST /api/questions/{id}/answer/` and timed until its `processing` event arrives on the socket
@@ -881,10 +884,16 @@ class _ApiConnection(asyncio.Protocol):
     The load generator shares the machine's cores with the server, so it has to cost them little:
     the request's bytes are built once, and each response is parsed by httptools (the C parser
     uvicorn itself uses). httpx spent about 4 ms of CPU per request here, a third of the server's.
+
+    Paced (`first_due`, `interval`): the connection's requests fall due at `first_due` and every
+    `interval` seconds after, each sent at its due time or, when the one before it came back
+    late, as soon as it did; its time is counted from its due time, not from its send, so that a
+    server falling behind shows in the figure instead of slowing the load (coordinated omission).
     """
 
     def __init__(self, request: bytes, deadline: float, latencies: list[float], errors: dict[str, int],
-                 done: asyncio.Future, slow: list[tuple[float, float]]) -> None:
+                 done: asyncio.Future, slow: list[tuple[float, float]], first_due: float = 0.0,
+                 interval: float = 0.0) -> None:
         import httptools
 
         self.request, self.deadline, self.latencies, self.errors, self.done, self.slow = (
@@ -892,6 +901,7 @@ class _ApiConnection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.sent = 0.0
+        self.due, self.interval = first_due, interval
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -899,10 +909,17 @@ class _ApiConnection(asyncio.Protocol):
 
     def send(self) -> None:
         assert self.transport is not None
-        if time.perf_counter() >= self.deadline:
+        now = time.perf_counter()
+        if max(now, self.due) >= self.deadline:
             self.transport.close()
             return
-        self.sent = time.perf_counter()
+        if self.interval:
+            if now < self.due:
+                asyncio.get_running_loop().call_later(self.due - now, self.send)
+                return
+            self.sent, self.due = self.due, self.due + self.interval
+        else:
+            self.sent = now
         self.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
@@ -927,7 +944,9 @@ class _ApiConnection(asyncio.Protocol):
 
 
 async def api_clients(url: str, tokens: list[str], seconds: float, clients: int,
-                      path: str = "/api/jobs/") -> dict[str, Any]:
+                      path: str = "/api/jobs/", rate: float = 0.0) -> dict[str, Any]:
+    """`clients` keep-alive connections sending for `seconds`: each as fast as its answers come
+    or, with `rate`, paced to `rate` requests a second in all, spread evenly (`_ApiConnection`)."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
@@ -941,14 +960,18 @@ async def api_clients(url: str, tokens: list[str], seconds: float, clients: int,
     slow: list[tuple[float, float]] = []
     errors: dict[str, int] = {}
     loop = asyncio.get_running_loop()
-    deadline = time.perf_counter() + seconds
     began = time.perf_counter()
+    if rate:  # every connection made before the first request falls due; the window from then on
+        began += 0.05
+    deadline = began + seconds
     finished = []
     for index in range(clients):
         done = loop.create_future()
         own = request(tokens[index % len(tokens)])
+        pacing = (began + index / rate, clients / rate) if rate else (0.0, 0.0)
         await loop.create_connection(
-            lambda done=done, own=own: _ApiConnection(own, deadline, latencies, errors, done, slow),
+            lambda done=done, own=own, pacing=pacing: _ApiConnection(own, deadline, latencies, errors, done, slow,
+                                                                     *pacing),
             parts.hostname, parts.port)
         finished.append(done)
     await asyncio.gather(*finished)
@@ -961,11 +984,12 @@ async def api_clients(url: str, tokens: list[str], seconds: float, clients: int,
 
 
 def api_clients_run(url: str, tokens: list[str], seconds: float, clients: int, env: dict[str, str],
-                    path: str = "/api/jobs/") -> dict[str, Any]:
+                    path: str = "/api/jobs/", rate: float = 0.0) -> dict[str, Any]:
     """`api_clients` in a process of their own (their CPU is not the server's GIL): its figures."""
     with CommitProbe(os.environ["DATABASE_URL"]) as probe:
         out = subprocess.run([sys.executable, __file__, "--api-client", url, ",".join(tokens), str(seconds),
-                              str(clients), path], cwd=BASE_DIR, capture_output=True, text=True, env=env)
+                              str(clients), path, str(rate)], cwd=BASE_DIR, capture_output=True, text=True,
+                             env=env)
     if out.returncode:
         raise SystemExit(f"bench: the API clients failed: {out.stderr[-2000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -1005,6 +1029,7 @@ class _ApiSide:
 
     name = ""
     path = "/api/jobs/"
+    rate = 0.0  # requests a second in all, paced (`api_clients`); 0: as fast as the answers come
 
     def __init__(self, tokens: list[str], clients: int, url: str = "", env: dict[str, str] | None = None) -> None:
         self.tokens, self.clients, self.url, self.env = tokens, clients, url, env or {}
@@ -1045,7 +1070,7 @@ class _ApiSide:
                                    lambda: spread.extend(connections_per_web_process(server_pid, port)))
         if server_pid is not None:
             counting.start()
-        result = api_clients_run(self.url, self.tokens, seconds, self.clients, self.env, self.path)
+        result = api_clients_run(self.url, self.tokens, seconds, self.clients, self.env, self.path, self.rate)
         counting.cancel()  # a slice shorter than the wait: nothing counted
         if server_pid is not None:
             counting.join()  # a count under way ends first
@@ -1177,7 +1202,7 @@ def slices_text(side: dict[str, Any]) -> str:
 
 def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int, sides: set[str],
               concurrency: int, redis_url: str, slices: int = API_SLICES,
-              profile_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+              profile_dir: Path | None = None, rate: float = 0.0) -> dict[str, dict[str, Any]]:
     """`POST /api/jobs/` (side "api") and its floor (side "api-floor": `_FloorApi`), `clients`
     keep-alive clients in a process of their own (their CPU is not the server's GIL) for `seconds`
     each, in `slices` slices, the sides alternating (the platform, the floor, the floor, the
@@ -1186,7 +1211,10 @@ def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int
     second above its floor in one run and 60 under it in the next, 2026-12-06). Each client sends
     with a token of its own (`client_keys`), as separate integrations do: the per-token rate limit
     (API_THROTTLE_RATE, 6,000 a minute) is then each client's, not the bench's. Each side's
-    figures are over all its slices (`slices` lists each one's); the profiles, of its first."""
+    figures are over all its slices (`slices` lists each one's); the profiles, of its first. With
+    `rate`, both sides' clients are paced to that many requests a second in all, each request timed
+    from when it fell due (`_ApiConnection`): the latency at that load rather than at the most the
+    server takes."""
     with contextlib.ExitStack() as stack:
         runners: list[_ApiSide] = []
         if "api" in sides:
@@ -1195,6 +1223,7 @@ def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int
             drained()  # the platform's worker done with earlier jobs: its CPU is not in the floor's figure
             runners.append(stack.enter_context(_FloorApi(shipped, tokens, clients, concurrency, redis_url)))
         for runner in runners:
+            runner.rate = rate
             runner.warm()
         for index in range(slices):
             for runner in runners if index % 2 == 0 else runners[::-1]:
@@ -1202,6 +1231,17 @@ def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int
                     each.settle()
                 runner.run_slice(seconds / slices, profile_dir if index == 0 else None)
         return {runner.name: runner.result() for runner in runners}
+
+
+def api_line(name: str, side: dict[str, Any], rate: float) -> str:
+    """One side of the API phase (`api_phase`) as the run prints it."""
+    paced = f" (paced to {rate:g} req/s, each timed from when it fell due)" if rate else ""
+    floor = (" (bare DRF + one INSERT + Celery's message, the bare + SQL worker running them: "
+             f"{side['jobs_run_during']} run)") if "jobs_run_during" in side else ""
+    return (f"  {name:<16} {side['per_second']:8.1f} req/s  p50 {side['p50']} ms  p99 {side['p99']} ms{paced}  "
+            f"errors {side['errors']}  cpu {side['cpu_seconds']}  over {SLOW_REQUEST_MS:.0f} ms "
+            f"{side['over_slow_ms']}, commits meanwhile {side['commit_probe_ms']}{floor}  "
+            f"slices (req/s / p99 ms (connections held by each web process)): {slices_text(side)}")
 
 
 def processing_after(job_id: Any, sent: datetime) -> tuple[float, Any]:
@@ -1601,25 +1641,16 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
         if len(rounds) > 1:
             result["rounds"] = [round_summary(each) for each in rounds]
             print(rounds_text(result["rounds"]), flush=True)
-        sides = api_phase(shipped, client_keys(args.clients), args.api_seconds, args.clients,
-                          phases & {"api", "api-floor"}, worker_concurrency, os.environ["REDIS_URL"],
-                          profile_dir=args.profile) if phases & {"api", "api-floor"} else {}
-        if "api" in sides:
-            result["api"] = sides["api"]
-            api = result["api"]
-            print(f"  API           {api['per_second']:8.1f} req/s  p50 {api['p50']} ms  p99 {api['p99']} ms  "
-                  f"errors {api['errors']}  cpu {api['cpu_seconds']}  "
-                  f"over {SLOW_REQUEST_MS:.0f} ms {api['over_slow_ms']}, commits meanwhile {api['commit_probe_ms']}"
-                  f"  slices (req/s / p99 ms (connections held by each web process)): {slices_text(api)}", flush=True)
-        if "api-floor" in sides:
-            result["api_floor"] = sides["api-floor"]
-            floor = result["api_floor"]
-            print(f"  API floor     {floor['per_second']:8.1f} req/s  p50 {floor['p50']} ms  p99 {floor['p99']} ms  "
-                  f"errors {floor['errors']}  cpu {floor['cpu_seconds']}  over {SLOW_REQUEST_MS:.0f} ms "
-                  f"{floor['over_slow_ms']}, commits meanwhile {floor['commit_probe_ms']}  "
-                  "(bare DRF + one INSERT + Celery's message, "
-                  f"the bare + SQL worker running them: {floor['jobs_run_during']} run)"
-                  f"  slices (req/s / p99 ms (connections held by each web process)): {slices_text(floor)}", flush=True)
+        for suffix, rate in (("", 0.0), ("-paced", args.api_rate)):
+            asked = {side for side in ("api", "api-floor") if side + suffix in phases}
+            if not asked:
+                continue
+            sides = api_phase(shipped, client_keys(args.clients), args.api_seconds, args.clients, asked,
+                              worker_concurrency, os.environ["REDIS_URL"],
+                              profile_dir=None if suffix else args.profile, rate=rate)
+            for side, figures in sides.items():
+                result[(side + suffix).replace("-", "_")] = figures
+                print(api_line(side + suffix, figures, rate), flush=True)
         watcher = watcher_key() if phases & {"answer", "wake"} else ""
         if "answer" in phases:
             result["answer_to_processing_ms"] = answer_phase(shipped, token, watcher, args.resumes, args.profile)
@@ -1733,6 +1764,14 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| `POST /api/jobs/`, {result['clients']} clients | {baseline} | **{api['per_second']}/s**, p50 "
                      f"{api['p50']} ms, p99 {api['p99']} ms | ≥ {AIMS['api_per_second']}/s, p99 ≤ "
                      f"{AIMS['api_p99_ms']} ms |")
+    if "api_paced" in first:
+        api, floor = first["api_paced"], first.get("api_floor_paced")
+        baseline = (f"the floor, paced the same: {floor['per_second']}/s, p50 {floor['p50']} ms, p99 {floor['p99']} ms"
+                    if floor else "—")
+        lines.append(f"| `POST /api/jobs/`, {result['clients']} clients paced to {result.get('api_rate', '?'):g} "
+                     f"req/s in all, each request timed from when it fell due | {baseline} | {api['per_second']}/s, "
+                     f"p50 {api['p50']} ms, **p99 {api['p99']} ms** | p99 ≤ {AIMS['api_p99_ms']} ms at "
+                     f"{AIMS['api_per_second']}/s |")
     for key, title, aim in (("answer_to_processing_ms", "answer POST → processing event on the job's websocket",
                              f"p50 ≤ {AIMS['answer_p50_ms']}, p99 ≤ {AIMS['answer_p99_ms']} ms"),
                             ("wake_to_running_ms", "wake POST → processing event on the job's websocket",
@@ -1784,9 +1823,12 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=2000, help="no-op tasks and jobs per throughput phase")
     parser.add_argument("--api-seconds", type=float, default=20.0)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--api-rate", type=float, default=AIMS["api_per_second"],
+                        help="the paced API phases' requests a second in all (api-paced, api-floor-paced)")
     parser.add_argument("--resumes", type=int, default=100, help="jobs answered, and jobs woken, one at a time")
     parser.add_argument("--concurrency", type=int, default=2, help="WORKER_CONCURRENCY of the main run")
-    parser.add_argument("--phases", default="bare,peer,durable,platform,api,api-floor,answer,wake,handoff,start")
+    parser.add_argument("--phases", default="bare,peer,durable,platform,api,api-floor,api-paced,api-floor-paced,"
+                                            "answer,wake,handoff,start")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the throughput phases this many times, interleaved; the round with the median "
                              "ratio stands for the run, and every round is listed")
@@ -1842,7 +1884,7 @@ def main() -> int:
     durable_tables_drop()
     if "peer" in phases:
         database_drop(peer_database_url())
-    result = {**run_header(), "clients": args.clients, "count": args.count, "runs": runs,
+    result = {**run_header(), "clients": args.clients, "api_rate": args.api_rate, "count": args.count, "runs": runs,
               "venv": "make run's (requirements.lock, requirements-run.txt)" if args.venv == "run" else str(VENV_BIN)}
     text = markdown(result)
     print(text)
@@ -1855,10 +1897,11 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--api-client":
         url, tokens, seconds, clients = sys.argv[2], sys.argv[3].split(","), float(sys.argv[4]), int(sys.argv[5])
         path = sys.argv[6] if len(sys.argv) > 6 else "/api/jobs/"
+        rate = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
         with contextlib.suppress(ImportError):
             import uvloop
 
             uvloop.install()
-        print(json.dumps(asyncio.run(api_clients(url, tokens, seconds, clients, path))))
+        print(json.dumps(asyncio.run(api_clients(url, tokens, seconds, clients, path, rate))))
     else:
         sys.exit(main())

@@ -165,3 +165,66 @@ def test_the_scans_of_a_table_during_a_phase_are_counted():
             conn.execute(f"DROP TABLE {table}")
     assert counted == {"table": table, "sequential": 3, "rows_read_sequentially": 300, "by_index": 0}
     assert scans_text(counted) == f"; {table}: 3 sequential scans (300 rows), 0 by index"
+
+
+def _answering_server(delay: float):
+    """A keep-alive HTTP server on a free port answering every request 201 after `delay` seconds,
+    one at a time per connection, in a thread's event loop: (port, stop)."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    answer = b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length"))
+                await reader.readexactly(length)
+                await asyncio.sleep(delay)
+                writer.write(answer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def shutdown() -> None:
+        server.close()
+        handlers = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+    return server.sockets[0].getsockname()[1], stop
+
+
+def test_paced_api_clients_send_at_the_rate_and_time_each_request_from_when_it_fell_due():
+    import asyncio
+
+    from bench.shipped import api_clients
+
+    port, stop = _answering_server(delay=0.03)
+    try:
+        # Four connections paced to 40 requests a second in all, each answered in 30 ms: one every
+        # 100 ms per connection, which the server keeps up with.
+        kept_up = asyncio.run(api_clients(f"http://127.0.0.1:{port}", ["t"], 1.0, 4, rate=40))
+        # One connection asked for 100 a second of a server that takes 30 ms each: it falls behind,
+        # and each request's time counts from when it fell due, so the wait grows request by request.
+        behind = asyncio.run(api_clients(f"http://127.0.0.1:{port}", ["t"], 1.0, 1, rate=100))
+        # As fast as the answers come: about 33 a second.
+        unpaced = asyncio.run(api_clients(f"http://127.0.0.1:{port}", ["t"], 1.0, 1))
+    finally:
+        stop()
+    assert 36 <= kept_up["requests"] <= 41 and kept_up["errors"] == {}
+    assert 28 <= kept_up["p50"] < 60
+    assert behind["requests"] < 40  # not the 100 asked for: one request at a time, 30 ms each
+    assert behind["latencies"][-1] > 400 and behind["latencies"][-1] > 5 * behind["latencies"][0]
+    assert max(unpaced["latencies"]) < 100 and unpaced["requests"] >= 20

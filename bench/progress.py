@@ -815,7 +815,7 @@ def one_job_rounds(server: Process, env: dict[str, str], workers: int, users: li
         return rows
     schedule = event_schedule(rows[0]["job_id"])
     for number in range(1, 2 * args.floor):
-        if number % 4 == 3:  # the platform's turn
+        if number % 4 in (0, 3):  # the platform's turn
             rows.append(run_one_job(server, workers, users, watchers, args.client_procs))
             schedule = event_schedule(rows[-1]["job_id"])
         else:

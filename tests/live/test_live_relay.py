@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import redis
+from django.conf import settings
 from websockets.asyncio.client import connect
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -29,7 +30,7 @@ def free_port() -> int:
 
 
 def test_the_floors_relay_gives_every_socket_its_snapshot_and_every_event_in_order():
-    url, port, channel = os.environ["REDIS_URL"], free_port(), f"test-relay-{uuid.uuid4().hex}"
+    url, port, channel = settings.REDIS_URL, free_port(), f"test-relay-{uuid.uuid4().hex}"
     relay = subprocess.Popen(
         [sys.executable, "bench/live_relay.py", "--port", str(port), "--processes", "2", "--redis", url,
          "--channel", channel, "--last-seq", "7"],

@@ -447,6 +447,12 @@ class Clients:
                 merged[key] = merged[key] + value if key in merged else value
         return merged
 
+    def settled(self, server: Process, cpu: float) -> tuple[float, dict[str, Any]]:
+        """Once the last events have had a second to reach the clients: the CPU `server`'s
+        processes took since `cpu`, and the clients' `results()`."""
+        time.sleep(1.0)
+        return server.cpu_seconds() - cpu, self.results()
+
     def kill(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
@@ -654,16 +660,22 @@ def run_one_job(server: Process, workers: int, users: list[Any], watchers: int, 
                 raise BenchError(f"job {job.pk} did not finish")
             time.sleep(0.25)
         seconds = time.monotonic() - started
-        time.sleep(1.0)  # the last events reach the clients
-        cpu = server.cpu_seconds() - cpu
-        result = clients.results()
+        cpu, result = clients.settled(server, cpu)
     finally:
         clients.kill()
     events = Job.objects.get(pk=job.pk).event_seq - 1  # all but `pending`, written before the dispatch
-    row = summary("one job", workers, watchers, result, expected_events(result["snapshots"]), events, seconds, cpu)
+    row = one_job_summary("one job", workers, watchers, result, expected_events(result["snapshots"]), events,
+                          seconds, cpu)
+    row["job_id"] = str(job.pk)
+    return row
+
+
+def one_job_summary(case: str, workers: int, watchers: int, result: dict[str, Any], expected: int, events: int,
+                    seconds: float, cpu: float) -> dict[str, Any]:
+    """`summary`, with where the events' time went, by type and for the slowest."""
+    row = summary(case, workers, watchers, result, expected, events, seconds, cpu)
     row["by_event_type"] = by_event_type(result["arrivals"])
     row["slowest_events"] = slowest_events(result["arrivals"])
-    row["job_id"] = str(job.pk)
     return row
 
 
@@ -720,9 +732,7 @@ def run_one_job_floor(env: dict[str, str], workers: int, watchers: int, procs: i
                                    [event["seq"], event["type"], text, event["created_at"]])
                     publisher.publish(channel, text)  # autocommit: the row committed first
             seconds = time.monotonic() - started
-            time.sleep(1.0)  # the last events reach the clients
-            cpu = relay.cpu_seconds() - cpu
-            result = clients.results()
+            cpu, result = clients.settled(relay, cpu)
         finally:
             clients.kill()
     finally:
@@ -733,10 +743,7 @@ def run_one_job_floor(env: dict[str, str], workers: int, watchers: int, procs: i
     expected = len(schedule) * len(result["snapshots"])
     if any(seq != first - 1 for _, seq in result["snapshots"]):
         raise BenchError("a floor socket's snapshot was not the relay's")
-    row = summary("one job, floor", workers, watchers, result, expected, len(schedule), seconds, cpu)
-    row["by_event_type"] = by_event_type(result["arrivals"])
-    row["slowest_events"] = slowest_events(result["arrivals"])
-    return row
+    return one_job_summary("one job, floor", workers, watchers, result, expected, len(schedule), seconds, cpu)
 
 
 def run_feed(server: Process, workers: int, users: list[Any], watchers: int, procs: int, every: float,
@@ -759,9 +766,7 @@ def run_feed(server: Process, workers: int, users: list[Any], watchers: int, pro
                 raise BenchError("the feed's jobs did not finish")
             time.sleep(0.25)
         elapsed = time.monotonic() - started
-        time.sleep(1.0)
-        cpu = server.cpu_seconds() - cpu
-        result = clients.results()
+        cpu, result = clients.settled(server, cpu)
     finally:
         clients.kill()
     events = JobEvent.objects.filter(job_id__in=jobs, type=JobEvent.Type.STATUS).count()
@@ -796,9 +801,7 @@ def run_spread(server: Process, workers: int, users: list[Any], clients_count: i
             ctx.flush()
             job_complete(job=ctx.job, result={})
         publisher().flush(30)
-        time.sleep(1.0)
-        cpu = server.cpu_seconds() - cpu
-        result = clients.results()
+        cpu, result = clients.settled(server, cpu)
     finally:
         clients.kill()
     return summary(f"{jobs} jobs", workers, clients_count, result, expected_events(result["snapshots"]),

@@ -1173,7 +1173,10 @@ class _FloorApi(_ApiSide):
                  interval=0.2)
 
     def cpu_now(self) -> dict[str, float]:
-        return {"web": tree_cpu_seconds(self.server.pid), "worker": tree_cpu_seconds(self.worker.pid)}
+        # PostgreSQL and Redis as the platform's side counts them (`Platform.cpu_by_service`): the
+        # platform's processes are idle meanwhile, but for beat's passes.
+        return {"web": tree_cpu_seconds(self.server.pid), "worker": tree_cpu_seconds(self.worker.pid),
+                **servers_cpu_seconds()}
 
     def web_server_pid(self) -> int | None:
         return self.server.pid
@@ -1238,8 +1241,10 @@ def api_line(name: str, side: dict[str, Any], rate: float) -> str:
     paced = f" (paced to {rate:g} req/s, each timed from when it fell due)" if rate else ""
     floor = (" (bare DRF + one INSERT + Celery's message, the bare + SQL worker running them: "
              f"{side['jobs_run_during']} run)") if "jobs_run_during" in side else ""
+    per_request = {part: round(seconds * 1000 / max(side["requests"], 1), 2) for part, seconds in
+                   side["cpu_seconds"].items()}
     return (f"  {name:<16} {side['per_second']:8.1f} req/s  p50 {side['p50']} ms  p99 {side['p99']} ms{paced}  "
-            f"errors {side['errors']}  cpu {side['cpu_seconds']}  over {SLOW_REQUEST_MS:.0f} ms "
+            f"errors {side['errors']}  cpu ms a request {per_request}  over {SLOW_REQUEST_MS:.0f} ms "
             f"{side['over_slow_ms']}, commits meanwhile {side['commit_probe_ms']}{floor}  "
             f"slices (req/s / p99 ms (connections held by each web process)): {slices_text(side)}")
 

@@ -74,12 +74,10 @@ def main() -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))
     sock.listen(2048)
-    sock.set_inheritable(True)
     children = []
     for _ in range(args.processes):
         pid = os.fork()
         if pid == 0:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             child(sock, args)
             os._exit(0)
         children.append(pid)

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,13 +19,9 @@ import redis
 from django.conf import settings
 from websockets.asyncio.client import connect
 
+from tests.live.conftest import free_port
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_the_floors_relay_gives_every_socket_its_snapshot_and_every_event_in_order():

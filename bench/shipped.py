@@ -1646,13 +1646,14 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
         if len(rounds) > 1:
             result["rounds"] = [round_summary(each) for each in rounds]
             print(rounds_text(result["rounds"]), flush=True)
+        api_profile = args.profile  # the first API phase run is sampled (its files would be the next's too)
         for suffix, rate in (("", 0.0), ("-paced", args.api_rate)):
             asked = {side for side in ("api", "api-floor") if side + suffix in phases}
             if not asked:
                 continue
             sides = api_phase(shipped, client_keys(args.clients), args.api_seconds, args.clients, asked,
-                              worker_concurrency, os.environ["REDIS_URL"],
-                              profile_dir=None if suffix else args.profile, rate=rate)
+                              worker_concurrency, os.environ["REDIS_URL"], profile_dir=api_profile, rate=rate)
+            api_profile = None
             for side, figures in sides.items():
                 result[(side + suffix).replace("-", "_")] = figures
                 print(api_line(side + suffix, figures, rate), flush=True)

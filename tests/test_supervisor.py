@@ -176,3 +176,48 @@ def test_web_processes_one_per_core_at_most_four_unless_web_concurrency_says(mon
     # command line says it where an operator reads it: in `ps` and the supervisor's log).
     web = next(service for service in supervisor.build_services({"WEB_CONCURRENCY": "3"}) if service.name == "web")
     assert web.argv[web.argv.index("--workers") + 1] == "3"
+
+
+# A process's output: lines at a steady rate (as an access log under load), a burst larger than a
+# pipe holds, a Windows line end, bytes that are not UTF-8, and a last line without its line break.
+CHATTY_CHILD = r"""
+import os, sys, time
+out = sys.stdout.buffer
+for i in range(300):
+    out.write(b"steady %d\n" % i); out.flush()
+    time.sleep(0.001)
+out.write(b"".join(b"burst %d %s\n" % (i, b"x" * 90) for i in range(2000))); out.flush()
+out.write(b"windows\r\nnot utf-8 \xff\xfe end\nno line break at the end")
+out.flush()
+"""
+
+
+def test_a_process_output_is_copied_in_batches_of_whole_lines_in_order(monkeypatch, capsys):
+    """The supervisor copies a process's output a batch at a time (OUTPUT_BATCH_SECONDS), not a
+    write per line: 300 lines written over a third of a second or more take a handful of writes,
+    not 300. Every line arrives whole, prefixed, in order; a burst larger than a pipe holds loses
+    nothing; and the last line, without its line break, is copied once the process ends."""
+    from devtools import supervisor
+
+    writes: list[str] = []
+    say_block = supervisor.say_block
+
+    def counted(name: str, text: str) -> None:
+        writes.append(text)
+        say_block(name, text)
+
+    monkeypatch.setattr(supervisor, "say_block", counted)
+    service = supervisor.Service("chatty", [sys.executable, "-c", CHATTY_CHILD], dict(os.environ))
+    service.start()
+    assert service.proc is not None
+    assert service.proc.wait(timeout=60) == 0
+    service.join_output(timeout=10)
+
+    copied = [line for line in capsys.readouterr().out.splitlines() if line.startswith("chatty    | ")]
+    expected = ([f"steady {i}" for i in range(300)] + [f"burst {i} {'x' * 90}" for i in range(2000)]
+                + ["windows", "not utf-8 \ufffd\ufffd end", "no line break at the end"])
+    assert [line.removeprefix("chatty    | ") for line in copied] == expected
+    # Line by line this took 2,304 writes; in batches, the steady lines share a few.
+    steady_writes = [text for text in writes if "steady" in text]
+    assert len(steady_writes) < 60, f"{len(steady_writes)} writes for 300 steady lines"
+    assert len(writes) < 120, f"{len(writes)} writes for 2,303 lines"

@@ -103,6 +103,42 @@ def test_one_scheduler_holds_the_lease_until_it_expires_by_the_database_clock():
     assert scheduler_lease_claim(holder="beat-a", lease=15).holder == "beat-a"
 
 
+def test_the_leader_sleeps_until_each_pass_is_due_and_sends_it_on_time(transactional_db):
+    """Beat's loop as `celery beat` runs it (tick, then sleep for what the tick returned, if
+    anything) over the leader's scheduler, two passes due every half second, for 2.5 s: each is
+    sent every half second, and between two sends beat sleeps. Celery's own scheduler woke 10 ms
+    early and ticked without sleeping until each pass was due: hundreds of ticks here. (A
+    transactional test: the scheduler closes its connection between claims, as beat does.)"""
+    from ops.scheduler import LeaderScheduler
+
+    sent: dict[str, list[float]] = {"a": [], "b": []}
+
+    class Recording(LeaderScheduler):
+        def setup_schedule(self) -> None:
+            self.merge_inplace({name: {"task": f"tests.{name}", "schedule": 0.5} for name in sent})
+
+        def apply_async(self, entry, producer=None, advance=True, **kwargs):
+            sent[entry.name].append(time.monotonic())
+
+    scheduler = Recording(app=app)
+    ticks = 0
+    began = time.monotonic()
+    try:
+        while time.monotonic() - began < 2.5:
+            interval = scheduler.tick()
+            ticks += 1
+            if interval and interval > 0.0:
+                time.sleep(interval)
+        assert scheduler.leading
+    finally:
+        scheduler.close()
+    for name, times in sent.items():
+        assert len(times) >= 4, (name, times)
+        gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+        assert all(0.45 < gap < 0.7 for gap in gaps), (name, gaps)
+    assert ticks < 60, f"{ticks} ticks for {sum(map(len, sent.values()))} sends"
+
+
 # -- each pass alone -----------------------------------------------------------------------------------
 def test_every_task_beat_sends_is_a_periodic_pass(settings):
     app.loader.import_default_modules()

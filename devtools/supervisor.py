@@ -47,9 +47,9 @@ LOOP_INTERVAL = 0.2
 # A process's output is copied in batches: after a read that emptied its pipe, the next comes this
 # many seconds later, with every line written meanwhile, prefixed and written at once. Copied line
 # by line, the web server's access log (a line per request) woke the supervisor at every request:
-# 28 µs of its CPU a line at 300 lines a second, 5 µs in batches (bench/README.md, "make run's
-# output, copied in batches"). A line shows at most this much later; a process that fills its pipe
-# (64 KiB) in that time is read again at once.
+# 28 µs of its CPU a line at 300 lines a second, 5 µs in batches (bench/README.md, "Beat's spin
+# before each pass, and make run's output in batches"). A line shows at most this much later; a
+# process that fills its pipe (64 KiB) in that time is read again at once.
 OUTPUT_BATCH_SECONDS = 0.1
 OUTPUT_READ_BYTES = 65536
 

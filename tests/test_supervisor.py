@@ -217,7 +217,7 @@ def test_a_process_output_is_copied_in_batches_of_whole_lines_in_order(monkeypat
     expected = ([f"steady {i}" for i in range(300)] + [f"burst {i} {'x' * 90}" for i in range(2000)]
                 + ["windows", "not utf-8 \ufffd\ufffd end", "no line break at the end"])
     assert [line.removeprefix("chatty    | ") for line in copied] == expected
-    # Line by line this took 2,304 writes; in batches, the steady lines share a few.
+    # Line by line this took 2,303 writes; in batches, the steady lines share a few.
     steady_writes = [text for text in writes if "steady" in text]
     assert len(steady_writes) < 60, f"{len(steady_writes)} writes for 300 steady lines"
     assert len(writes) < 120, f"{len(writes)} writes for 2,303 lines"

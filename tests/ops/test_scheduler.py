@@ -135,7 +135,7 @@ def test_the_leader_sleeps_until_each_pass_is_due_and_sends_it_on_time(transacti
     for name, times in sent.items():
         assert len(times) >= 4, (name, times)
         gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
-        assert all(0.45 < gap < 0.7 for gap in gaps), (name, gaps)
+        assert all(0.45 < gap < 0.95 for gap in gaps), (name, gaps)
     assert ticks < 60, f"{ticks} ticks for {sum(map(len, sent.values()))} sends"
 
 

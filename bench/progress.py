@@ -250,13 +250,11 @@ async def client_run(url: str, sockets: list[tuple[str, str]], connect_batch: in
     api = httpx.AsyncClient(base_url=url.replace("ws://", "http://", 1), timeout=60,
                             limits=httpx.Limits(max_connections=connect_batch))
 
-    async def open_one(path: str, key: str) -> tuple[str, Watcher]:
-        if not key:  # the floor's relay (`bench/live_relay.py`): no ticket, no account
-            _, watcher = await loop.create_connection(lambda: Watcher(f"{url}{path}", loop), parts.hostname,
-                                                      parts.port)
-            await asyncio.wait_for(watcher.opened, 60)
-            await asyncio.wait_for(watcher.first_frame, 60)
-            return path, watcher
+    async def ticket_query(key: str) -> str:
+        """`?ticket=…` for a socket of the user whose API key is `key`; none without a key (the
+        floor's relay, `bench/live_relay.py`: no ticket, no account)."""
+        if not key:
+            return ""
         for attempt in range(3):
             try:
                 answer = await api.post("/api/ws-tickets/", headers={"Authorization": f"Token {key}"})
@@ -266,9 +264,12 @@ async def client_run(url: str, sockets: list[tuple[str, str]], connect_batch: in
                     raise
         if answer.status_code != 201:
             raise BenchError(f"no ticket: {answer.status_code} {answer.text[:200]}")
-        ticket = answer.json()["ticket"]
+        return f"?ticket={answer.json()['ticket']}"
+
+    async def open_one(path: str, key: str) -> tuple[str, Watcher]:
+        query = await ticket_query(key)
         _, watcher = await loop.create_connection(
-            lambda: Watcher(f"{url}{path}?ticket={ticket}", loop), parts.hostname, parts.port
+            lambda: Watcher(f"{url}{path}{query}", loop), parts.hostname, parts.port
         )
         await asyncio.wait_for(watcher.opened, 60)
         if path != FEED_PATH:  # a job's stream starts with its snapshot; the feed says nothing

@@ -89,6 +89,7 @@ from bench.recovery import port_free as free_port  # noqa: E402
 from bench.recovery import wait_for  # noqa: E402
 from bench.throughput import results_save, run_header  # noqa: E402
 from bench.wake import percentile  # noqa: E402
+from devtools.priority import lower_priority, nice_value  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 # The virtualenv that `make run` installs (production's hash-checked packages and the development
@@ -491,6 +492,13 @@ def tree_cpu_seconds(pid: int) -> float:
     return round(sum(worker_cpu_split(pid).values()), 2)
 
 
+def baseline_priority(pid: int) -> None:
+    """A baseline's workers at the priority `make run` gives the platform's (WORKER_NICE, as the
+    supervisor reads it: devtools/priority.py), so every side yields the cores to the same others
+    (the submitter, the API's web processes) alike."""
+    lower_priority(pid, nice_value(os.environ.get("WORKER_NICE")))
+
+
 @contextlib.contextmanager
 def baseline_worker(app: str, queue: str, concurrency: int, redis_url: str,
                     env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
@@ -508,6 +516,7 @@ def baseline_worker(app: str, queue: str, concurrency: int, redis_url: str,
         [str(RUN_BIN / "celery"), "-A", app, "worker", "-l", "WARNING", "-c", str(concurrency),
          "-Q", queue, "--without-mingle", "--without-gossip", "--pool", "prefork"],
         cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    baseline_priority(worker.pid)
     try:
         yield worker
     finally:
@@ -624,6 +633,7 @@ def peer_workers(concurrency: int, url: str) -> Iterator[subprocess.Popen]:
     workers = subprocess.Popen([sys.executable, "-m", "bench.peer_procrastinate", "workers", str(concurrency)],
                                cwd=BASE_DIR, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                start_new_session=True)
+    baseline_priority(workers.pid)
     try:
         yield workers
     finally:
@@ -1626,7 +1636,8 @@ def run_configuration(args: argparse.Namespace, *, worker_concurrency: int, web_
     shipped = Platform(env)
     from devtools.supervisor import web_processes
 
-    result: dict[str, Any] = {"worker_concurrency": worker_concurrency, "web_concurrency": web_processes(env)}
+    result: dict[str, Any] = {"worker_concurrency": worker_concurrency, "web_concurrency": web_processes(env),
+                              "worker_nice": nice_value(env.get("WORKER_NICE"))}
     try:
         shipped.start()
         from django.db import connections
@@ -1742,7 +1753,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# The shipped configuration, {result['when']}", "",
              f"{result['machine']}; PostgreSQL and Redis on the same machine; `make run`'s processes "
              f"(development settings), worker concurrency {first['worker_concurrency']}, web processes "
-             f"{first['web_concurrency'] or 'default'}; code {result['revision']}; the processes from "
+             f"{first['web_concurrency'] or 'default'}, the workers (every side's) at nice "
+             f"{first.get('worker_nice', 0)}; code {result['revision']}; the processes from "
              f"{result.get('venv', 'the development virtualenv')}.", "",
              "| figure | baseline, same run | ours | aim |", "|---|---|---|---|"]
     if "ratio" in first:

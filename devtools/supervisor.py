@@ -10,7 +10,7 @@ Ctrl-C or SIGTERM stops every process it started, pool children included, and ex
 
 A deployment starts the same commands on its own (see docker-compose.yml); this module is only
 the local convenience around them. Settings: HOST, PORT, FLOWER_PORT, FLOWER_BASIC_AUTH,
-WORKER_CONCURRENCY (see .env.example); like the settings, it reads .env when present, real
+WORKER_CONCURRENCY, WORKER_NICE (see .env.example); like the settings, it reads .env when present, real
 environment variables winning. It writes nothing itself: with DATABASE_URL and REDIS_URL set, no
 process it starts needs `var/` (beat keeps its schedule in memory, see ops/scheduler.py).
 """
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from devtools import embedded_redis
+from devtools.priority import lower_priority, nice_value
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -115,6 +116,8 @@ class Service:
     backoff: float = BACKOFF_MIN
     restart_at: float | None = None
     restarts: int = 0
+    # The nice value it runs at (devtools/priority.py): the workers yield the cores to the web.
+    nice: int = 0
     _pump: threading.Thread | None = field(default=None, repr=False)
 
     def start(self) -> None:
@@ -130,10 +133,13 @@ class Service:
         )
         self.started_at = time.monotonic()
         self.restart_at = None
+        # Set before the process has loaded enough to fork (a worker's pool processes inherit it).
+        lowered = lower_priority(self.proc.pid, self.nice) if self.nice else []
         assert self.proc.stdout is not None
         self._pump = threading.Thread(target=self._copy_output, args=(self.proc.stdout,), daemon=True)
         self._pump.start()
-        log(f"started {self.name} (pid {self.proc.pid}): {' '.join(self._display_argv())}")
+        at = f" at nice {self.nice} ({' and '.join(lowered)})" if lowered else ""
+        log(f"started {self.name} (pid {self.proc.pid}){at}: {' '.join(self._display_argv())}")
 
     def _display_argv(self) -> list[str]:
         # The full path of the venv's executables and Flower's password are noise in the log.
@@ -293,6 +299,9 @@ def build_services(env: dict[str, str]) -> list[Service]:
     celery = str(VENV_BIN / "celery")
 
     worker = [celery, "-A", "taskplatform", "worker", "-l", "INFO"]
+    # Both workers run below the web's priority: on one machine a request never waits for a core a
+    # job holds (devtools/priority.py; WORKER_NICE=0 gives them the web's).
+    nice = nice_value(env.get("WORKER_NICE"))
     if env.get("WORKER_CONCURRENCY"):
         worker += ["--concurrency", env["WORKER_CONCURRENCY"]]
     # The debug pages are the web server's; Celery warns against DEBUG in its processes (Django
@@ -314,13 +323,14 @@ def build_services(env: dict[str, str]) -> list[Service]:
              "--timeout-graceful-shutdown", str(int(STOP_GRACE // 2)), "--workers", str(web_processes(env))],
             env,
         ),
-        Service("worker", worker, background),
+        Service("worker", worker, background, nice=nice),
         # Beat's housekeeping on a slot of its own (settings.JOBS_PLATFORM_QUEUE, see taskplatform/celery.py).
         Service(
             "platform-worker",
             [celery, "-A", "taskplatform", "worker", "-l", "INFO", "-Q", "platform", "--concurrency", "1",
              "--hostname", "platform@%h"],
             background,
+            nice=nice,
         ),
         # Beat sends the periodic passes while it holds the scheduler's lease (ops/scheduler.py);
         # it writes no schedule file.

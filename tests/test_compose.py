@@ -77,6 +77,19 @@ def test_app_services_run_the_right_commands(services):
     assert any(str(port).endswith(":5555") for port in services["flower"]["ports"])
 
 
+def test_the_workers_yield_the_cpu_to_the_web_as_make_run_gives_them(services):
+    """Containers on one host share the CPU by weight (Docker's default 1024): both workers weigh
+    what a process at `make run`'s WORKER_NICE weighs against one at nice 0 (the kernel's table:
+    110 against 1024), every other container the default."""
+    from devtools.priority import DEFAULT_WORKER_NICE
+
+    weight_of_nice = {0: 1024, 5: 335, 10: 110, 15: 36, 19: 15}  # sched_prio_to_weight
+    for name in ("worker", "platform-worker"):
+        assert services[name]["cpu_shares"] == weight_of_nice[DEFAULT_WORKER_NICE], name
+    for name in ("web", "beat", "flower", "postgres", "redis"):
+        assert "cpu_shares" not in services[name], name
+
+
 def test_app_services_use_the_compose_postgres_and_redis(services):
     env = env_of(services["web"])
     database = urlsplit(env["DATABASE_URL"])

@@ -74,6 +74,17 @@ def fresh_copy(target: Path) -> Path:
 PROBE_TOKEN = "supervisor-probe-token"  # /readyz's detail is for staff and the metrics token
 
 
+def assert_nice(expected: int, *processes: psutil.Process) -> None:
+    """Each of `processes` runs at nice `expected`; each that leads its session, with its
+    autogroup at the same (where the kernel has autogroups)."""
+    from devtools.priority import autogroup_nice
+
+    for proc in processes:
+        assert proc.nice() == expected, (proc.pid, proc.cmdline(), proc.nice())
+        if os.getsid(proc.pid) == proc.pid and autogroup_nice(proc.pid) is not None:
+            assert autogroup_nice(proc.pid) == expected, (proc.pid, proc.cmdline())
+
+
 def readyz_checks(url: str) -> dict:
     try:
         return httpx.get(url, timeout=5, headers={"Authorization": f"Bearer {PROBE_TOKEN}"}).json().get("checks") or {}
@@ -97,6 +108,7 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
     assert env["DATABASE_URL"].startswith("postgres") or "sqlite" in env["DATABASE_URL"]
     assert env["REDIS_URL"]  # the real services, as CI has them: nothing else makes var/
     env.pop("FLOWER_BASIC_AUTH", None)  # the `make run` default: admin:admin
+    env.pop("WORKER_NICE", None)  # the default: the workers at nice 10
     supervisor = ManagedProcess("supervisor", [sys.executable, "-m", "devtools.supervisor"], env, cwd=clone)
     supervisor.start()
     assert supervisor.proc is not None
@@ -129,6 +141,12 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
         assert worker is not None, [child.cmdline() for child in sup.children()]
         pool = worker.children()
         assert pool, "the worker has no pool processes"
+        # Both workers, their pool processes too, run below the web's priority (WORKER_NICE's
+        # default), each in a session of its own whose autogroup has the same nice value.
+        platform_worker = next(child for child in sup.children() if "platform@%h" in child.cmdline())
+        web = next(child for child in sup.children() if "uvicorn" in " ".join(child.cmdline()))
+        assert_nice(10, worker, *pool, platform_worker, *platform_worker.children())
+        assert_nice(0, web, *web.children())
         seen += [worker, *pool]
         os.kill(worker.pid, signal.SIGKILL)
         supervisor.wait_for_output(f"worker (pid {worker.pid}) exited with code -9", timeout=10)
@@ -140,6 +158,7 @@ def test_supervisor_starts_restarts_and_stops_everything(transactional_db, tmp_p
         wait_until(lambda: sum("ready." in line for line in supervisor.lines) >= 3, timeout=120,
                    message=f"the restarted worker never got ready:\n{supervisor.output[-4000:]}")
         assert restarted.is_running()
+        assert_nice(10, restarted, *restarted.children())  # a restart runs at the same priority
         assert not [proc for proc in pool if still_running(proc)], "the killed worker's pool outlived it"
 
         # SIGTERM: everything it started goes, within 20 s, and it exits 0.

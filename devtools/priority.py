@@ -3,7 +3,7 @@
 On one machine the web processes, the workers and PostgreSQL share the cores. A request waits for
 a core whenever a worker holds it, and under load that wait is the API's tail: with the workers
 at the web's priority, `POST /api/jobs/` paced to 300 requests a second on two cores answered with
-a p99 of 57–70 ms; with the workers' priority lowered (nice 10), 33 ms, in the same minutes
+a p99 of 46–70 ms; with the workers' priority lowered (nice 10), 29–39 ms, in the same minutes
 (bench/README.md, "The workers yield the cores to the web"). The jobs lose nothing they would
 have had: a worker still takes every core the web leaves idle, and under contention it gets about
 a tenth of the web's share instead of an equal one. Jobs wait in their queue, durably, a little

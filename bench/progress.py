@@ -516,19 +516,19 @@ def group_cpu_seconds(pgid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def shipped(name: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment `make run` starts the service `name` with (`web`,
-    `worker`, ...): the worker, for one, runs without DEBUG."""
+def shipped(name: str, env: dict[str, str]) -> tuple[list[str], dict[str, str], int]:
+    """The command line, environment and nice value `make run` starts the service `name` with
+    (`web`, `worker`, ...): the worker, for one, runs without DEBUG, below the web's priority."""
     from devtools.supervisor import build_services
 
-    return next((service.argv, service.env) for service in build_services(env) if service.name == name)
+    return next((service.argv, service.env, service.nice) for service in build_services(env) if service.name == name)
 
 
 class Process:
     """One of the platform's processes, started as `make run` starts it; output in var/."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        self.name, self.argv, self.env = name, argv, env
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], nice: int = 0) -> None:
+        self.name, self.argv, self.env, self.nice = name, argv, env, nice
         self.proc: subprocess.Popen | None = None
         self.log = LOG_DIR / f"{name}.log"
         self.url = self.ws_url = ""  # a server's, once it listens
@@ -538,6 +538,10 @@ class Process:
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(self.argv, cwd=BASE_DIR, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
+        if self.nice:  # as make run's supervisor does (devtools/priority.py)
+            from devtools.priority import lower_priority
+
+            lower_priority(self.proc.pid, self.nice)
         return self
 
     def alive(self) -> None:
@@ -563,8 +567,8 @@ def web_server(env: dict[str, str], workers: int) -> Process:
     import httpx
 
     port = free_port()
-    argv, env = shipped("web", {**env, "PORT": str(port), "HOST": "127.0.0.1", "WEB_CONCURRENCY": str(workers)})
-    server = Process(f"web-x{workers}", argv, env).start()
+    server = Process(f"web-x{workers}", *shipped("web", {**env, "PORT": str(port), "HOST": "127.0.0.1",
+                                                         "WEB_CONCURRENCY": str(workers)})).start()
     server.url, server.ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

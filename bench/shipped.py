@@ -1055,6 +1055,10 @@ class _ApiSide:
     def settle(self) -> None:
         """Wait until the jobs this side's requests submitted have run."""
 
+    def unfinished(self) -> int | None:
+        """How many of this side's jobs have not finished yet (None: not counted)."""
+        return None
+
     def cpu_now(self) -> dict[str, float]:
         return {}
 
@@ -1099,8 +1103,14 @@ class _ApiSide:
         for key in self.slow:
             self.slow[key] += result["over_slow_ms"][key]
         self.seconds += result["seconds"]
+        # Whether the workers ran the jobs as they came, or queued them: the jobs not finished when
+        # the clients stop, and how long until they are (the CPU above is the clients' window only).
+        left = self.unfinished()
+        began = time.perf_counter()
+        self.settle()
         self.slices.append({"per_second": result["per_second"], "p50": result["p50"], "p99": result["p99"],
-                            "connections_per_web_process": spread})
+                            "connections_per_web_process": spread, "jobs_left": left,
+                            "drained_in_s": round(time.perf_counter() - began, 2)})
 
     def result(self) -> dict[str, Any]:
         return {"requests": len(self.latencies), "seconds": round(self.seconds, 2),
@@ -1120,6 +1130,11 @@ class _PlatformApi(_ApiSide):
 
     def settle(self) -> None:
         drained()
+
+    def unfinished(self) -> int | None:
+        from jobs.models import Job
+
+        return Job.objects.filter(status__in=["pending", "processing"]).count()
 
     def web_server_pid(self) -> int | None:
         return self.shipped.service_pid("web")
@@ -1176,11 +1191,12 @@ class _FloorApi(_ApiSide):
         self.stack.close()
 
     def settle(self) -> None:
+        wait_for(lambda: self.unfinished() == 0, 300, "the floor's jobs finishing", interval=0.2)
+
+    def unfinished(self) -> int | None:
         from bench import bare_durable
 
-        waiting = f"SELECT count(*) FROM {bare_durable.JOBS} WHERE status <> 'completed'"
-        wait_for(lambda: self.conn.execute(waiting).fetchone()[0] == 0, 300, "the floor's jobs finishing",
-                 interval=0.2)
+        return self.conn.execute(f"SELECT count(*) FROM {bare_durable.JOBS} WHERE status <> 'completed'").fetchone()[0]
 
     def cpu_now(self) -> dict[str, float]:
         # PostgreSQL and Redis as the platform's side counts them (`Platform.cpu_by_service`): the
@@ -1210,6 +1226,8 @@ def slices_text(side: dict[str, Any]) -> str:
     return ", ".join(f"{each['per_second']} / {each['p99']}"
                      + (f" ({'/'.join(map(str, each['connections_per_web_process']))})"
                         if len(each.get("connections_per_web_process") or ()) > 1 else "")
+                     + (f" [{each['jobs_left']} jobs left, {each['drained_in_s']:g} s]"
+                        if each.get("jobs_left") is not None else "")
                      for each in side.get("slices", []))
 
 
@@ -1256,7 +1274,8 @@ def api_line(name: str, side: dict[str, Any], rate: float) -> str:
     return (f"  {name:<16} {side['per_second']:8.1f} req/s  p50 {side['p50']} ms  p99 {side['p99']} ms{paced}  "
             f"errors {side['errors']}  cpu ms a request {per_request}  over {SLOW_REQUEST_MS:.0f} ms "
             f"{side['over_slow_ms']}, commits meanwhile {side['commit_probe_ms']}{floor}  "
-            f"slices (req/s / p99 ms (connections held by each web process)): {slices_text(side)}")
+            f"slices (req/s / p99 ms (connections held by each web process) [jobs not finished when the clients "
+            f"stopped, seconds until they were]): {slices_text(side)}")
 
 
 def processing_after(job_id: Any, sent: datetime) -> tuple[float, Any]:

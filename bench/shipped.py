@@ -1256,10 +1256,10 @@ def api_phase(shipped: Platform, tokens: list[str], seconds: float, clients: int
         for runner in runners:
             runner.rate = rate
             runner.warm()
+        for runner in runners:  # no side's jobs still running in the other's slice (each slice settles its own)
+            runner.settle()
         for index in range(slices):
             for runner in runners if index % 2 == 0 else runners[::-1]:
-                for each in runners:  # no side's jobs still running in the other's slice
-                    each.settle()
                 runner.run_slice(seconds / slices, profile_dir if index == 0 else None)
         return {runner.name: runner.result() for runner in runners}
 

@@ -34,18 +34,18 @@ DEFAULT_WORKER_NICE = 10
 AUTOGROUP_RETRY_SECONDS = 1.0
 
 
-def nice_value(text: str | None, name: str = "WORKER_NICE", default: int = DEFAULT_WORKER_NICE) -> int:
-    """A nice value from the environment: a whole number 0–19 (0: the same priority as the web);
-    `default` when unset or blank. Anything else stops with a message naming the setting."""
+def nice_value(text: str | None) -> int:
+    """WORKER_NICE's value: a whole number 0–19 (0: the same priority as the web); the default
+    when unset or blank. Anything else stops with a message naming the setting."""
     value = (text or "").strip()
     if not value:
-        return default
+        return DEFAULT_WORKER_NICE
     try:
         nice = int(value)
     except ValueError:
         nice = -1
     if not 0 <= nice <= 19:
-        raise SystemExit(f"{name} must be a whole number from 0 (the web's priority) to 19 (the lowest); "
+        raise SystemExit(f"WORKER_NICE must be a whole number from 0 (the web's priority) to 19 (the lowest); "
                          f"got {value!r}")
     return nice
 

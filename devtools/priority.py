@@ -86,9 +86,12 @@ def _write_autogroup(path: Path, nice: int) -> bool:
 
 
 def autogroup_nice(pid: int) -> int | None:
-    """The nice value of the autogroup of process `pid` (None where there are none)."""
+    """The nice value of the autogroup of process `pid`: None where there are no autogroups, or
+    where the process is in none. The file reads empty for a session that never left the kernel's
+    default group (pid 1's, and whatever inherits it without a `setsid`, such as a CI runner)."""
     try:
-        text = Path(f"/proc/{pid}/autogroup").read_text()  # "/autogroup-42 nice 10"
+        text = Path(f"/proc/{pid}/autogroup").read_text()  # "/autogroup-42 nice 10", or ""
     except OSError:
         return None
-    return int(text.split()[-1])
+    fields = text.split()
+    return int(fields[-1]) if fields else None

@@ -80,6 +80,15 @@ def test_a_process_in_the_callers_session_leaves_that_session_alone():
         stop(proc)
 
 
+def test_a_session_in_the_kernels_default_group_has_no_autogroup_nice(monkeypatch):
+    """Pid 1's session, and any that inherits it without a `setsid` (a CI runner started by init),
+    is in no autogroup: its file reads empty, and that is "none", not an error."""
+    if Path("/proc/1/autogroup").exists() and Path("/proc/1/autogroup").read_text() == "":
+        assert priority.autogroup_nice(1) is None
+    monkeypatch.setattr(Path, "read_text", lambda path, *args, **kwargs: "")
+    assert priority.autogroup_nice(os.getpid()) is None
+
+
 def test_nice_0_changes_nothing_and_a_process_gone_is_skipped():
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     proc = start(new_session=True)

@@ -1132,9 +1132,7 @@ class _PlatformApi(_ApiSide):
         drained()
 
     def unfinished(self) -> int | None:
-        from jobs.models import Job
-
-        return Job.objects.filter(status__in=["pending", "processing"]).count()
+        return unfinished_jobs()
 
     def web_server_pid(self) -> int | None:
         return self.shipped.service_pid("web")
@@ -1422,12 +1420,16 @@ def resumes_timed_probed(base_url: str, key: str, posts: list[tuple[Any, str, by
                                   for index, ms in slowest]}
 
 
-def drained() -> None:
-    """Wait until no job is pending or running: a latency is not measured behind a backlog."""
+def unfinished_jobs() -> int:
+    """How many of the platform's jobs are pending or running."""
     from jobs.models import Job
 
-    wait_for(lambda: not Job.objects.filter(status__in=["pending", "processing"]).exists(), 300,
-             "the earlier phases' jobs finishing", interval=0.2)
+    return Job.objects.filter(status__in=[Job.Status.PENDING, Job.Status.PROCESSING]).count()
+
+
+def drained() -> None:
+    """Wait until no job is pending or running: a latency is not measured behind a backlog."""
+    wait_for(lambda: unfinished_jobs() == 0, 300, "the earlier phases' jobs finishing", interval=0.2)
 
 
 def broker_idle() -> None:

@@ -268,7 +268,13 @@ class LocalFanout:
         except asyncio.CancelledError:
             while not receiving.done():
                 receiving.cancel()
-                await asyncio.wait([receiving], timeout=0.05)
+                try:
+                    await asyncio.wait([receiving], timeout=0.05)
+                except asyncio.CancelledError:
+                    # Cancelled again meanwhile (a loop shutting down cancels every task once
+                    # more): go on until the receive has stopped, or it outlives this task and
+                    # the loop's shutdown waits for it forever.
+                    pass
             raise
         return receiving.result()
 

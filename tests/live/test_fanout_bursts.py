@@ -4,6 +4,7 @@ through the real channel layer on Redis; a handful of followers never waits for 
 from __future__ import annotations
 
 import asyncio
+import types
 import uuid
 
 import pytest
@@ -139,3 +140,33 @@ def test_a_cancellation_an_await_swallowed_still_stops_the_receive_loop(monkeypa
             await layer.group_discard(group, fanout.channel)
 
     assert asyncio.run(scenario())
+
+
+def test_a_receive_that_swallows_a_cancellation_stops_though_its_loop_is_cancelled_twice():
+    """A loop shutting down cancels every task once more: the receive loop, cancelled first by
+    its server and then by the shutdown while it waits for the receive to stop, still sees the
+    receive stop, or the shutdown waits for that receive forever."""
+
+    async def swallowing(channel):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            pass  # lost, as wait_for loses it inside redis-py on Python 3.11
+        await asyncio.sleep(30)  # and it goes on popping
+
+    async def scenario():
+        fanout = LocalFanout()
+        fanout.layer = types.SimpleNamespace(receive_unbacked=swallowing, receive=swallowing)
+        fanout.channel = "fanout!x"
+        receiving = asyncio.ensure_future(fanout._receive_one())
+        await asyncio.sleep(0.01)
+        receiving.cancel()  # the server stops it
+        await asyncio.sleep(0.01)  # now cancelling the receive, which swallowed that
+        receiving.cancel()  # the loop's shutdown
+        await asyncio.wait([receiving], timeout=5)
+        await asyncio.sleep(0.1)
+        left = [repr(task) for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        return receiving.done() and receiving.cancelled(), left
+
+    cancelled, left = asyncio.run(scenario())
+    assert cancelled and left == []
